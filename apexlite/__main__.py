@@ -1,0 +1,6 @@
+"""Allows `python -m apexlite COMMAND`."""
+import sys
+
+from apexlite.cli import main
+
+sys.exit(main())

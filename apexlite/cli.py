@@ -1,0 +1,34 @@
+"""`python -m apexlite COMMAND ...`: one entry point, one module per sub-command."""
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import List, Optional
+
+# sub-command -> (module, one-line help). Each module defines `main(argv: list[str]) -> int`.
+COMMANDS = {
+    "run": ("apexlite.runner", "run a legacy apex script unchanged (apex imports resolve to apexlite)"),
+    "sweep": ("apexlite.sweep", "run a script once per opt level / dtype and compare the runs"),
+    "check": ("apexlite.check", "list the apex APIs a script uses and their status in apexlite"),
+    "doctor": ("apexlite.doctor", "report torch/CUDA versions and which FusedAdam path is active"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: python -m apexlite COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Dispatch to the sub-command module; unknown commands get the usage text and exit code 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(_usage() + "\n")
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        sys.stderr.write(f"apexlite: unknown command {command!r}\n{_usage()}\n")
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return int(module.main(rest) or 0)

@@ -1,0 +1,29 @@
+"""Shared fixtures: seeding and the guard that no test leaves torch patched."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests._helpers.torch_snapshot import snapshot_patch_targets
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(1234)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _torch_left_as_found():
+    """Fail any test that leaves an apexlite session alive or a torch attribute replaced."""
+    from apexlite.amp import session as amp_session
+
+    before = snapshot_patch_targets()
+    yield
+    leaked_session = amp_session.current_session(required=False) is not None
+    if leaked_session:
+        amp_session.current_session().close()
+    after = snapshot_patch_targets()
+    changed = sorted(key for key in before if before[key] is not after.get(key))
+    assert not leaked_session, "test left an apexlite session active (call amp.deinitialize())"
+    assert not changed, f"test left torch patched: {changed[:10]}"

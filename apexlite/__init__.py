@@ -1,0 +1,12 @@
+"""apexlite: apex.amp-style mixed-precision training for modern PyTorch.
+
+    model, optimizer = apexlite.initialize(model, optimizer, opt_level="O1")
+    with apexlite.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+"""
+from apexlite import amp
+from apexlite.amp import deinitialize, initialize, scale_loss
+
+__version__ = "0.1.0"
+
+__all__ = ["amp", "initialize", "deinitialize", "scale_loss", "__version__"]

@@ -1,0 +1,169 @@
+"""AmpOptimizer: apexlite's per-optimizer state, and the one step wrapper that skips overflowing steps.
+
+The wrapper is installed once through the session's Patcher (never swapped per overflow). Gradient
+bookkeeping is delegated to a strategy: `PlainGrads` (O0/O1/O3: grads live on the params the
+optimizer steps) or `MasterParams` (O2: fp32 masters, see master.py).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+
+from apexlite._logging import get_logger
+from apexlite.amp.errors import AmpUsageError, AmpStateError
+from apexlite.amp.scaler import LossScaler
+
+log = get_logger("amp")
+
+OVERFLOW_MESSAGE = "Gradient overflow.  Skipping step, loss scaler {} reducing loss scale to {}"
+STATIC_OVERFLOW_MESSAGE = "Gradient overflow.  Skipping step, loss scaler {} keeps its static loss scale {}"
+
+
+def optimizer_params(optimizer: Any) -> List[torch.Tensor]:
+    """Every param the optimizer steps, in param-group order."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+class PlainGrads:
+    """Grad handling when the optimizer steps the model params themselves (no master weights).
+
+    Several `scale_loss` blocks before one step accumulate correctly: grads present before a backward
+    are stashed (already unscaled), the new grads are unscaled and checked, then the stash is added back.
+    """
+
+    def __init__(self, optimizer: Any, params_fn: Optional[Callable[[], List[torch.Tensor]]] = None) -> None:
+        self.optimizer = optimizer
+        self._params_fn = params_fn
+        self._stash: List[Tuple[torch.Tensor, torch.Tensor]] = []
+
+    def params(self) -> List[torch.Tensor]:
+        """The params whose grads this strategy manages (all of the optimizer's by default)."""
+        if self._params_fn is not None:
+            return self._params_fn()
+        return optimizer_params(self.optimizer)
+
+    def prepare(self) -> None:
+        self._stash = []
+        for param in self.params():
+            if param.grad is not None:
+                self._stash.append((param, param.grad))
+                param.grad = None
+
+    def post(self, scaler: LossScaler) -> None:
+        fresh = [p.grad for p in self.params() if p.grad is not None]
+        if fresh and scaler.checks_overflow:
+            scaler.unscale(fresh)
+        self._restore_stash()
+
+    def abort(self) -> None:
+        """The backward raised: put the stashed grads back, dropping partial new ones."""
+        for param, grad in self._stash:
+            param.grad = grad
+        self._stash = []
+
+    def _restore_stash(self) -> None:
+        both_new, both_old = [], []
+        for param, stashed in self._stash:
+            if param.grad is None:
+                param.grad = stashed
+            else:
+                both_new.append(param.grad)
+                both_old.append(stashed)
+        if both_new:
+            torch._foreach_add_(both_new, both_old)
+        self._stash = []
+
+    def after_step(self) -> None:
+        pass
+
+    def on_skip(self) -> None:
+        pass
+
+    def detach(self) -> None:
+        self._stash = []
+
+
+class AmpOptimizer:
+    """What apexlite knows about one optimizer passed to `initialize`."""
+
+    def __init__(self, optimizer: Any, session: Any, grads: Any) -> None:
+        self.optimizer = optimizer
+        self.session = session
+        self.grads = grads
+        self.params_have_scaled_gradients = False
+        self.lazy_init_called = True  # masters are built eagerly; kept for code that reads the flag
+        self._pending_skip: Optional[Tuple[int, LossScaler]] = None
+        self._original_step = None
+
+    # apex exposed this on `optimizer._amp_stash`; some libraries read it
+    @property
+    def already_patched(self) -> bool:
+        return self._pending_skip is not None
+
+    def install(self) -> None:
+        """Wrap step (and let the grad strategy wrap what it needs) through the session's Patcher."""
+        patcher = self.session.patcher
+        # on an instance, the recorded original is the bound step the optimizer had before
+        self._original_step = patcher.set_attribute(self.optimizer, "step", self._step)
+        patcher.set_attribute(self.optimizer, "_amp_stash", self)
+        install = getattr(self.grads, "install", None)
+        if install is not None:
+            install(patcher)
+
+    # --- backward bookkeeping, called by scale_loss ---------------------------------------------
+    def prepare_backward(self) -> None:
+        if not self.params_have_scaled_gradients:
+            self.grads.prepare()
+
+    def post_backward(self, scaler: LossScaler, delay_unscale: bool) -> None:
+        if delay_unscale:
+            self.params_have_scaled_gradients = True
+            return
+        self.grads.post(scaler)
+        self.params_have_scaled_gradients = False
+
+    def abort_backward(self) -> None:
+        self.grads.abort()
+
+    def skip_next_step(self, loss_id: int, scaler: LossScaler) -> None:
+        if self._pending_skip is None:
+            self._pending_skip = (loss_id, scaler)
+
+    # --- the step wrapper -----------------------------------------------------------------------
+    def _step(self, closure=None, *args, **kwargs):
+        if closure is not None:
+            raise AmpUsageError(
+                "optimizer.step(closure) is not supported under apexlite.amp: a closure's backward "
+                "would bypass amp.scale_loss. Run the forward and `with amp.scale_loss(loss, optimizer) "
+                "as scaled: scaled.backward()` yourself, then call optimizer.step() without a closure."
+            )
+        if self.params_have_scaled_gradients:
+            raise AmpStateError(
+                "optimizer.step() was called while the gradients are still scaled: the last "
+                "amp.scale_loss used delay_unscale=True. Finish the accumulation with one scale_loss "
+                "block with delay_unscale=False (the default) before stepping."
+            )
+        if self._pending_skip is not None:
+            loss_id, scaler = self._pending_skip
+            self._pending_skip = None
+            template = OVERFLOW_MESSAGE if scaler.dynamic else STATIC_OVERFLOW_MESSAGE
+            self.session.info(template.format(loss_id, scaler.loss_scale()), all_ranks=True)
+            self.grads.on_skip()
+            self.session.stats.record_step(skipped=True)
+            return None
+        if self.session.patches_torch:
+            with self.session.casts_disabled():
+                result = self._original_step(*args, **kwargs)
+        else:
+            result = self._original_step(*args, **kwargs)
+        self.grads.after_step()
+        self.session.cache.clear()
+        self.session.stats.record_step(skipped=False)
+        return result
+
+    def detach(self) -> None:
+        """Session teardown: forget pending state; the grad strategy restores what it changed."""
+        self._pending_skip = None
+        self.params_have_scaled_gradients = False
+        self.grads.detach()

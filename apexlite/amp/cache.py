@@ -1,0 +1,69 @@
+"""CastCache: each weight is cast once per iteration and never served stale.
+
+NOTE [cast cache invalidation]
+- Keys are weights: leaf tensors that are Parameters or require grad. Activations are never cached.
+- An entry remembers the source's autograd version counter (`_version`). Any in-place update of the
+  weight (optimizer step, `p.add_`, `p.copy_`) bumps the counter, so the entry is a miss and the
+  weight is cast afresh. Writes through `p.data` do not bump it; those are covered by clearing the
+  cache at every iteration boundary (the end of `scale_loss`) and after every optimizer step.
+- A cast made under `no_grad` carries no autograd history. It is served again only while grad mode
+  is off; a grad-enabled forward that needs the weight's gradient recasts and replaces it.
+- Nothing is cached under `inference_mode` (inference tensors cannot enter a later autograd graph).
+- Each weight has at most one entry, so an eval-only loop that never reaches `scale_loss` holds at
+  most one low-precision copy per weight: the cache is bounded by the model size.
+"""
+from __future__ import annotations
+
+from typing import Dict, NamedTuple
+
+import torch
+
+
+class _Entry(NamedTuple):
+    source: torch.Tensor
+    version: int
+    cast: torch.Tensor
+
+
+class CastCache:
+    """Per-session cache of weight casts, keyed by weight identity and target dtype."""
+
+    def __init__(self) -> None:
+        self._entries: Dict[tuple, _Entry] = {}
+        self.casts = 0  # weight casts actually performed since the last `reset_counters`
+        self.hits = 0
+
+    @staticmethod
+    def is_cacheable(tensor: torch.Tensor) -> bool:
+        """Weights only: a leaf that is a Parameter or requires grad."""
+        return tensor.is_leaf and (tensor.requires_grad or isinstance(tensor, torch.nn.Parameter))
+
+    def cast(self, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`tensor.to(dtype)`, served from the cache when the cached copy is still valid."""
+        key = (id(tensor), dtype)
+        entry = self._entries.get(key)
+        needs_grad = tensor.requires_grad and torch.is_grad_enabled()
+        if (
+            entry is not None
+            and entry.source is tensor
+            and entry.version == tensor._version
+            and (entry.cast.requires_grad or not needs_grad)
+        ):
+            self.hits += 1
+            return entry.cast
+        cast = tensor.to(dtype)
+        self.casts += 1
+        if not torch.is_inference_mode_enabled():
+            self._entries[key] = _Entry(tensor, tensor._version, cast)
+        return cast
+
+    def clear(self) -> None:
+        """Drop every entry (iteration boundary)."""
+        self._entries.clear()
+
+    def reset_counters(self) -> None:
+        self.casts = 0
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,101 @@
+"""Validation of what `initialize` receives; every error names the problem and the fix."""
+from __future__ import annotations
+
+from typing import Any, List
+
+import torch
+
+from apexlite.amp.errors import AmpConfigError, AmpUsageError
+from apexlite.amp.opt_levels import Properties
+
+_PARALLEL_WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+
+
+def check_scalar_arguments(num_losses: Any, verbosity: Any, min_loss_scale: Any, max_loss_scale: Any) -> None:
+    if not isinstance(num_losses, int) or isinstance(num_losses, bool) or num_losses < 1:
+        raise AmpConfigError(f"num_losses must be an int >= 1 (one loss scaler per loss_id); got {num_losses!r}.")
+    if not isinstance(verbosity, int) or isinstance(verbosity, bool) or verbosity < 0:
+        raise AmpConfigError(f"verbosity must be 0, 1 or 2; got {verbosity!r}.")
+    if min_loss_scale is not None and not min_loss_scale >= 0:
+        raise AmpConfigError(f"min_loss_scale must be None or a number >= 0; got {min_loss_scale!r}.")
+    if not max_loss_scale > 0:
+        raise AmpConfigError(f"max_loss_scale must be > 0; got {max_loss_scale!r}.")
+    if min_loss_scale and min_loss_scale > max_loss_scale:
+        raise AmpConfigError(
+            f"min_loss_scale ({min_loss_scale}) must not exceed max_loss_scale ({max_loss_scale})."
+        )
+
+
+def check_models(models: List[Any]) -> None:
+    for model in models:
+        if isinstance(model, _PARALLEL_WRAPPERS):
+            raise AmpUsageError(
+                f"Incoming model is an instance of {type(model).__module__}.{type(model).__name__}. "
+                "Parallel wrappers should only be applied to the model(s) AFTER \n"
+                "the model(s) have been returned from amp.initialize."
+            )
+        if not isinstance(model, torch.nn.Module):
+            raise AmpUsageError(
+                "models must be either a single model or a list of models (torch.nn.Module); "
+                f"got {type(model).__name__}."
+            )
+
+
+def check_optimizers(optimizers: List[Any]) -> None:
+    for optimizer in optimizers:
+        name = type(optimizer).__name__
+        if name == "FP16_Optimizer":
+            raise AmpUsageError(
+                f"An incoming optimizer is an instance of {type(optimizer).__module__}.{name}. The "
+                "optimizer(s) passed to amp.initialize() must be bare instances of either ordinary "
+                "Pytorch optimizers, or Apex fused optimizers.\n"
+            )
+        if not (hasattr(optimizer, "param_groups") and callable(getattr(optimizer, "step", None))):
+            raise AmpUsageError(
+                "optimizers must be either a single optimizer or a list of optimizers "
+                f"(torch.optim.Optimizer or an optimizer wrapper such as LARC); got {name}."
+            )
+        if hasattr(optimizer, "_amp_stash"):
+            raise AmpUsageError("A given optimizer should only be passed through amp.initialize once.")
+
+
+def _floating_tensors(model: torch.nn.Module):
+    for name, param in model.named_parameters():
+        yield "param", name, param
+    for name, buffer in model.named_buffers():
+        yield "buffer", name, buffer
+
+
+def check_params_fp32(models: List[torch.nn.Module], properties: Properties) -> None:
+    """Models must arrive in fp32: amp does the casting (O2/O3) or leaves weights fp32 (O0/O1)."""
+    for model in models:
+        for kind, name, tensor in _floating_tensors(model):
+            if tensor.dtype in (torch.float16, torch.bfloat16):
+                raise AmpUsageError(
+                    f"Found {kind} {name} with dtype {tensor.dtype}; amp.initialize expects an fp32 model.\n"
+                    "When using amp.initialize, you do not need to call .half() on your model\n"
+                    f"before passing it, no matter what optimization level you choose "
+                    f"(opt_level {properties.opt_level} casts for you)."
+                )
+
+
+def check_optimizer_params_in_models(optimizers: List[Any], models: List[torch.nn.Module]) -> None:
+    """Under a model cast, every optimizer param must belong to a model, or it would not be cast."""
+    owned = {id(p) for model in models for p in model.parameters()}
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if id(param) not in owned:
+                    raise AmpUsageError(
+                        f"{type(optimizer).__name__} holds a parameter of shape {tuple(param.shape)} that "
+                        "is not a parameter of any model passed to amp.initialize, so the model cast "
+                        "would not reach it. Build the optimizer from model.parameters() and pass that "
+                        "model (or all models, as a list) to amp.initialize."
+                    )
+
+
+def sparse_grad_error() -> AmpUsageError:
+    return AmpUsageError(
+        "O2 master weights do not support sparse gradients (e.g. nn.Embedding(sparse=True)); use "
+        "opt_level='O1', or sparse=False."
+    )

@@ -1,0 +1,177 @@
+"""MasterParams: O2's fp32 master weights, owned in one place.
+
+NOTE [O2 grad ownership]
+- The optimizer's param groups hold fp32 masters in place of the low-precision model params (same
+  positions), so any torch optimizer steps fp32 values and keeps fp32 state. Params that are already
+  fp32 (batchnorm under keep_batchnorm_fp32) stay in the groups and are their own masters.
+- On leaving `scale_loss` the model's low-precision grads are converted, unscaled and checked into
+  the masters' `.grad` (added to what earlier backward passes left there). The model params' own
+  grads stay as backward produced them (scaled), as in apex: clip `amp.master_params(optimizer)`.
+- After an applied step the masters are copied into the model params (which bumps their autograd
+  version, invalidating cached casts); after a skipped step the master grads are dropped.
+- Masters travel in `optimizer.state_dict()` under MASTERS_KEY and are restored by
+  `load_state_dict`, so an O2 run resumes bit-identically (apex rebuilt them from fp16 weights).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from apexlite.amp.amp_optimizer import PlainGrads, optimizer_params
+from apexlite.amp.checks import sparse_grad_error
+from apexlite.amp.errors import AmpUsageError
+from apexlite.amp.patcher import Patcher
+from apexlite.amp.scaler import LossScaler
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+MASTERS_KEY = "apexlite_master_params"
+
+
+class MasterParams:
+    """The fp32<->low-precision mapping for one optimizer, plus grad movement and sync."""
+
+    def __init__(self, optimizer: Any, fp32_sources: Optional[Dict[torch.Tensor, torch.Tensor]] = None) -> None:
+        self.optimizer = optimizer
+        self.model_params: List[torch.Tensor] = []
+        self.masters: List[torch.Tensor] = []
+        self._fp32_sources = fp32_sources or {}
+        for group in optimizer.param_groups:
+            self._replace_in_group(group)
+        self._fp32_grads = PlainGrads(optimizer, params_fn=self._fp32_params)
+
+    # --- construction -------------------------------------------------------------------------
+    def _make_master(self, param: torch.Tensor) -> torch.Tensor:
+        source = self._fp32_sources.pop(param, None)
+        data = source if source is not None else param.detach().float()
+        master = torch.nn.Parameter(data, requires_grad=True)
+        state = self.optimizer.state.pop(param, None)
+        if state:
+            self.optimizer.state[master] = {
+                k: (v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() else v)
+                for k, v in state.items()
+            }
+        return master
+
+    def _replace_in_group(self, group: Dict[str, Any]) -> None:
+        params = group["params"]
+        for index, param in enumerate(params):
+            if param.requires_grad and param.dtype in LOW_PRECISION:
+                master = self._make_master(param)
+                params[index] = master
+                self.model_params.append(param)
+                self.masters.append(master)
+
+    def _fp32_params(self) -> List[torch.Tensor]:
+        masters = {id(m) for m in self.masters}
+        return [p for p in optimizer_params(self.optimizer) if id(p) not in masters]
+
+    # --- strategy interface used by AmpOptimizer ------------------------------------------------
+    def prepare(self) -> None:
+        for param in self.model_params:
+            param.grad = None
+        self._fp32_grads.prepare()
+
+    def post(self, scaler: LossScaler) -> None:
+        pairs = [(m, p.grad) for p, m in zip(self.model_params, self.masters) if p.grad is not None]
+        if any(grad.is_sparse for _, grad in pairs):
+            raise sparse_grad_error()
+        if pairs:
+            fresh = [grad.to(torch.float32, copy=True) for _, grad in pairs]
+            if scaler.checks_overflow:
+                scaler.unscale(fresh)
+            accumulate = [(g, m.grad) for g, (m, _) in zip(fresh, pairs) if m.grad is not None]
+            if accumulate:
+                torch._foreach_add_([a for a, _ in accumulate], [b for _, b in accumulate])
+            for grad, (master, _) in zip(fresh, pairs):
+                master.grad = grad
+        self._fp32_grads.post(scaler)
+
+    def abort(self) -> None:
+        self._fp32_grads.abort()
+
+    def after_step(self) -> None:
+        self.copy_masters_to_model()
+        for master in self.masters:
+            master.grad = None
+
+    def on_skip(self) -> None:
+        for master in self.masters:
+            master.grad = None
+
+    def copy_masters_to_model(self) -> None:
+        if self.model_params:
+            with torch.no_grad():
+                torch._foreach_copy_(self.model_params, self.masters)
+
+    # --- optimizer methods patched for O2 -------------------------------------------------------
+    def install(self, patcher: Patcher) -> None:
+        optimizer = self.optimizer
+        self._zero_grad = patcher.set_attribute(optimizer, "zero_grad", self.zero_grad)
+        self._add_param_group = patcher.set_attribute(optimizer, "add_param_group", self.add_param_group)
+        self._state_dict = patcher.set_attribute(optimizer, "state_dict", self.state_dict)
+        self._load_state_dict = patcher.set_attribute(optimizer, "load_state_dict", self.load_state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear master grads and the model params' grads (apex cleared only the masters' view)."""
+        self._zero_grad(set_to_none=set_to_none)
+        for param in self.model_params:
+            if param.grad is None:
+                continue
+            if set_to_none:
+                param.grad = None
+            else:
+                param.grad.detach_()
+                param.grad.zero_()
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param group must be a dict, got {type(param_group).__name__}")
+        params = param_group["params"]
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError("optimizer parameters must be an ordered collection (a list), not a set.")
+        group = dict(param_group, params=list(params))
+        self._replace_in_group(group)
+        self._add_param_group(group)
+
+    def state_dict(self) -> Dict[str, Any]:
+        state = self._state_dict()
+        state[MASTERS_KEY] = [master.detach().clone() for master in self.masters]
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        saved = state_dict.pop(MASTERS_KEY, None)
+        self._load_state_dict(state_dict)
+        if saved is None:
+            # A checkpoint without masters (e.g. written by apex): rebuild them from the model weights.
+            with torch.no_grad():
+                torch._foreach_copy_(self.masters, [p.float() for p in self.model_params])
+            return
+        if len(saved) != len(self.masters):
+            raise AmpUsageError(
+                f"optimizer checkpoint holds {len(saved)} fp32 master weights but this O2 optimizer has "
+                f"{len(self.masters)}: it was saved from a different model or param-group layout."
+            )
+        with torch.no_grad():
+            torch._foreach_copy_(self.masters, [t.to(m.device) for t, m in zip(saved, self.masters)])
+        self.copy_masters_to_model()
+
+    def detach(self) -> None:
+        """Session teardown: put the model params back into the param groups, state with them."""
+        back = {id(m): p for p, m in zip(self.model_params, self.masters)}
+        for group in self.optimizer.param_groups:
+            for index, param in enumerate(group["params"]):
+                model_param = back.get(id(param))
+                if model_param is None:
+                    continue
+                group["params"][index] = model_param
+                state = self.optimizer.state.pop(param, None)
+                if state:
+                    self.optimizer.state[model_param] = state
+        self._fp32_grads.detach()
+
+    def pairs(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        return list(zip(self.model_params, self.masters))

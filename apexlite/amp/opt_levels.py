@@ -1,0 +1,193 @@
+"""The O0-O3 optimisation levels as data, and the validated resolution of user overrides."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Union
+
+import torch
+
+from apexlite.amp.errors import AmpConfigError
+
+LossScale = Union[float, str]
+
+
+@dataclass(frozen=True)
+class OptLevel:
+    """One optimisation level's defaults (the property table users know from apex)."""
+
+    name: str
+    brief: str
+    cast_model_type: Optional[torch.dtype]
+    patch_torch_functions: bool
+    keep_batchnorm_fp32: Optional[bool]
+    master_weights: Optional[bool]
+    loss_scale: LossScale
+
+
+OPT_LEVELS: Dict[str, OptLevel] = {
+    level.name: level
+    for level in (
+        OptLevel("O0", "O0:  Pure FP32 training.\n", torch.float32, False, None, False, 1.0),
+        OptLevel(
+            "O1",
+            "O1:  Insert automatic casts around Pytorch functions and Tensor methods.\n",
+            None, True, None, None, "dynamic",
+        ),
+        OptLevel(
+            "O2",
+            "O2:  FP16 training with FP32 batchnorm and FP32 master weights.\n",
+            torch.float16, False, True, True, "dynamic",
+        ),
+        OptLevel("O3", "O3:  Pure FP16 training.", torch.float16, False, False, False, 1.0),
+    )
+}
+
+# The order apex printed and applied options in; the banner and the overrides follow it.
+OPTION_ORDER = (
+    "enabled", "opt_level", "cast_model_type", "patch_torch_functions",
+    "keep_batchnorm_fp32", "master_weights", "loss_scale",
+)
+
+LOW_PRECISION_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass
+class Properties:
+    """The resolved options of one `initialize` call (what `_amp_state.opt_properties` held in apex)."""
+
+    enabled: bool = False
+    opt_level: Optional[str] = None
+    cast_model_type: Optional[Any] = None
+    patch_torch_functions: bool = False
+    keep_batchnorm_fp32: Optional[bool] = None
+    master_weights: Optional[bool] = None
+    loss_scale: LossScale = 1.0
+
+    def items(self):
+        """(name, value) pairs in apex's option order."""
+        return [(name, getattr(self, name)) for name in OPTION_ORDER]
+
+
+def unknown_opt_level_message(opt_level: Any) -> str:
+    """The message apex users grep for when they type 01 instead of O1."""
+    return (
+        f"Unexpected optimization level {opt_level}. Options are 'O0', 'O1', 'O2', 'O3'.  "
+        "Note that in `O0`, `O1`, etc., the prefix O is the letter O, not the number zero."
+    )
+
+
+def defaults_for(opt_level: str, dtype: torch.dtype) -> Properties:
+    """The level's default properties, with the low-precision dtype substituted for fp16."""
+    if opt_level not in OPT_LEVELS:
+        raise AmpConfigError(unknown_opt_level_message(opt_level))
+    level = OPT_LEVELS[opt_level]
+    cast_type = level.cast_model_type
+    if cast_type is torch.float16:
+        cast_type = dtype
+    loss_scale = level.loss_scale
+    if dtype is torch.bfloat16 and loss_scale == "dynamic":
+        # bf16 has fp32's exponent range: gradients do not underflow, so no scaling is needed.
+        loss_scale = 1.0
+    return Properties(
+        enabled=True, opt_level=level.name, cast_model_type=cast_type,
+        patch_torch_functions=level.patch_torch_functions,
+        keep_batchnorm_fp32=level.keep_batchnorm_fp32,
+        master_weights=level.master_weights, loss_scale=loss_scale,
+    )
+
+
+def _parse_bool_option(name: str, value: Any) -> Optional[bool]:
+    if value in (True, False, None):
+        return value
+    if value in ("True", "False"):
+        return value == "True"
+    raise AmpConfigError(
+        f"{name} must be True, False, None or the strings 'True'/'False'; got {name}={value!r}."
+    )
+
+
+def _parse_loss_scale(value: Any) -> LossScale:
+    if value == "dynamic":
+        return "dynamic"
+    try:
+        scale = float(value)
+    except (TypeError, ValueError):
+        raise AmpConfigError(
+            f"loss_scale must be a positive number, a numeric string such as '128.0', or 'dynamic'; "
+            f"got loss_scale={value!r}."
+        ) from None
+    if not scale > 0 or scale == float("inf"):
+        raise AmpConfigError(f"loss_scale must be a finite number > 0; got loss_scale={value!r}.")
+    return scale
+
+
+def _check_cast_model_type(props: Properties, value: Any) -> Any:
+    if value is False or value is None:
+        return value
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise AmpConfigError(
+            f"cast_model_type must be a floating torch.dtype, None or False; got {value!r}."
+        )
+    if props.opt_level == "O1" and value is not torch.float32:
+        raise AmpConfigError(
+            "cast_model_type must stay None with opt_level='O1': O1 casts around torch functions and "
+            "keeps the model weights in fp32. To cast the model itself, use opt_level='O2' or 'O3'. "
+            f"cast_model_type was {value}"
+        )
+    return value
+
+
+def resolve_properties(opt_level: str, dtype: torch.dtype, overrides: Dict[str, Any]) -> Properties:
+    """Apply the non-None `overrides` to the level's defaults, validating each one by name.
+
+    Raises AmpConfigError (a RuntimeError and a ValueError) naming the option, the bad value and the fix.
+    """
+    props = defaults_for(opt_level, dtype)
+    for name in OPTION_ORDER[2:]:
+        value = overrides.get(name)
+        if value is None:
+            continue
+        if name == "cast_model_type":
+            value = _check_cast_model_type(props, value)
+        elif name == "patch_torch_functions":
+            if value and props.opt_level != "O1":
+                raise AmpConfigError(
+                    "patch_torch_functions=True is only valid with opt_level='O1' "
+                    f"(opt_level is {props.opt_level}); select O1 instead of overriding it."
+                )
+            value = bool(value)
+        elif name == "keep_batchnorm_fp32":
+            value = _parse_bool_option(name, value)
+            if props.opt_level == "O1":
+                raise AmpConfigError(
+                    "keep_batchnorm_fp32 must stay None with opt_level='O1': O1 already runs batchnorm "
+                    f"in fp32. keep_batchnorm_fp32 was {value}"
+                )
+        elif name == "master_weights":
+            value = _parse_bool_option(name, value)
+            if props.opt_level == "O1":
+                raise AmpConfigError(
+                    "master_weights must stay None with opt_level='O1': O1 keeps the model weights in "
+                    "fp32, so they are already the master weights."
+                )
+        elif name == "loss_scale":
+            value = _parse_loss_scale(value)
+        props = dataclasses.replace(props, **{name: value})
+    return props
+
+
+def option_lines(props: Properties) -> list:
+    """The option table in apex's exact layout (log parsers depend on it)."""
+    return ["{:22} : {}".format(name, value) for name, value in props.items()]
+
+
+def banner(opt_level: str, defaults: Properties, resolved: Properties) -> str:
+    """The verbosity-1 text `initialize` logs: the level, its defaults, then the resolved options."""
+    return "\n".join(
+        ["Selected optimization level " + OPT_LEVELS[opt_level].brief, "Defaults for this optimization level are:"]
+        + option_lines(defaults)
+        + ["Processing user overrides (additional kwargs that are not None)...",
+           "After processing overrides, optimization options are:"]
+        + option_lines(resolved)
+    )

@@ -1,0 +1,77 @@
+"""User cast annotations: `half_function`-style decorators and `register_*_function` registrations.
+
+Registrations are recorded before `initialize` and applied (then forgotten, as in apex) by the next
+O1 session. Decorated functions consult the current session on each call: they cast only while an O1
+session with casts enabled is active and pass straight through otherwise.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, List, Tuple
+
+from apexlite.amp.policies import CastPolicy
+
+
+class PendingRegistrations:
+    """(module, name, policy) triples waiting for the next O1 `initialize`."""
+
+    items: List[Tuple[Any, str, CastPolicy]] = []
+
+    @classmethod
+    def add(cls, module: Any, name: str, policy: CastPolicy) -> None:
+        if not hasattr(module, name):
+            raise ValueError(f"No function named {name} in module {module}.")
+        cls.items.append((module, name, policy))
+
+    @classmethod
+    def take(cls) -> List[Tuple[Any, str, CastPolicy]]:
+        items, cls.items = cls.items, []
+        return items
+
+
+def register_half_function(module: Any, name: str) -> None:
+    """Cast the floating inputs of `module.name` to the low-precision dtype under O1 (call before initialize)."""
+    PendingRegistrations.add(module, name, CastPolicy.LOW_PRECISION)
+
+
+def register_float_function(module: Any, name: str) -> None:
+    """Cast the floating inputs of `module.name` to fp32 under O1 (call before initialize)."""
+    PendingRegistrations.add(module, name, CastPolicy.FLOAT)
+
+
+def register_promote_function(module: Any, name: str) -> None:
+    """Promote the floating inputs of `module.name` to their widest dtype under O1 (call before initialize)."""
+    PendingRegistrations.add(module, name, CastPolicy.PROMOTE)
+
+
+def _decorator(policy: CastPolicy) -> Callable[[Callable], Callable]:
+    from apexlite.amp.wrappers import make_wrapper
+
+    def decorate(fn: Callable) -> Callable:
+        name = getattr(fn, "__qualname__", repr(fn))
+        wrappers = {}
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            from apexlite.amp.session import current_session
+
+            session = current_session(required=False)
+            if session is None or not session.patches_torch or not session.cast_state.enabled:
+                return fn(*args, **kwargs)
+            wrapper = wrappers.get(id(session))
+            if wrapper is None:
+                wrappers.clear()
+                wrapper = wrappers[id(session)] = make_wrapper(policy, session.cast_state, fn, name)
+            return wrapper(*args, **kwargs)
+
+        return call
+
+    return decorate
+
+
+half_function = _decorator(CastPolicy.LOW_PRECISION)
+half_function.__doc__ = "Decorator: under O1, cast the function's floating inputs to the low-precision dtype."
+float_function = _decorator(CastPolicy.FLOAT)
+float_function.__doc__ = "Decorator: under O1, cast the function's floating inputs to fp32."
+promote_function = _decorator(CastPolicy.PROMOTE)
+promote_function.__doc__ = "Decorator: under O1, promote the function's floating inputs to their widest dtype."

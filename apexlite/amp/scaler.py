@@ -1,0 +1,131 @@
+"""LossScaler: static or dynamic loss scaling with apex's rules and checkpoint format.
+
+Dynamic rule (a pure function, `next_scale`): start at min(2**16, max_loss_scale); on an overflow
+halve the scale (never below `min_loss_scale` when one is set) and restart the clean-step count;
+after `scale_window` consecutive clean `scale_loss` exits double it (never above `max_loss_scale`).
+
+Overflow detection is one fused device-side pass per (device, dtype) group
+(`torch._amp_foreach_non_finite_check_and_unscale_`) that unscales and sets a `found_inf` tensor;
+the only host sync is reading that flag once in `update_scale`.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, Iterable, List, Optional, Tuple, Union
+
+import torch
+
+LossScaleSpec = Union[float, str]
+
+
+def next_scale(scale: float, unskipped: int, overflow: bool, *, scale_factor: float, scale_window: int,
+               min_loss_scale: Optional[float], max_loss_scale: float) -> Tuple[float, int]:
+    """The dynamic scaler's transition: (scale, clean-step count) after one `scale_loss` exit."""
+    if overflow:
+        scale = scale / scale_factor
+        if min_loss_scale:
+            scale = max(min_loss_scale, scale)
+        return scale, 0
+    unskipped += 1
+    if unskipped == scale_window:
+        return min(max_loss_scale, scale * scale_factor), 0
+    return scale, unskipped
+
+
+def _unscale_fallback(grads: List[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
+    """The same contract as torch's fused op, for builds that lack it on this device."""
+    norms = torch._foreach_norm(grads, float("inf"))
+    found_inf.add_((~torch.isfinite(torch.stack(norms))).any().to(found_inf.dtype)).clamp_(max=1.0)
+    torch._foreach_mul_(grads, inv_scale)
+
+
+def unscale_and_check(grads: Iterable[torch.Tensor], inv_scale: float,
+                      found_inf: Dict[torch.device, torch.Tensor]) -> None:
+    """Multiply `grads` in place by `inv_scale` and flag non-finite values per device (no host sync)."""
+    groups: Dict[torch.device, List[torch.Tensor]] = defaultdict(list)
+    for grad in grads:
+        groups[grad.device].append(grad)
+    for device, group in groups.items():
+        flag = found_inf.get(device)
+        if flag is None:
+            flag = found_inf[device] = torch.zeros(1, dtype=torch.float32, device=device)
+        inv = torch.full((1,), inv_scale, dtype=torch.float32, device=device)
+        try:
+            torch._amp_foreach_non_finite_check_and_unscale_(group, flag, inv)
+        except (RuntimeError, NotImplementedError):
+            _unscale_fallback(group, flag, inv)
+
+
+class LossScaler:
+    """One loss's scale. `_loss_scale` and `_unskipped` keep apex's names (third-party code reads them)."""
+
+    def __init__(self, loss_scale: LossScaleSpec, init_scale: float = 2.0 ** 16, scale_factor: float = 2.0,
+                 scale_window: int = 2000, min_loss_scale: Optional[float] = None,
+                 max_loss_scale: float = 2.0 ** 24) -> None:
+        self.dynamic = loss_scale == "dynamic"
+        self._loss_scale = min(max_loss_scale, init_scale) if self.dynamic else float(loss_scale)
+        self._unskipped = 0
+        self._scale_seq_len = scale_window
+        self._scale_factor = scale_factor
+        self._min_loss_scale = min_loss_scale
+        self._max_loss_scale = max_loss_scale
+        self._found_inf: Dict[torch.device, torch.Tensor] = {}
+        self._has_overflow = False
+
+    def loss_scale(self) -> float:
+        return self._loss_scale
+
+    @property
+    def checks_overflow(self) -> bool:
+        """Static 1.0 costs nothing: no unscale and no check. Every other setting checks."""
+        return self.dynamic or self._loss_scale != 1.0
+
+    def clear_overflow_state(self) -> None:
+        self._has_overflow = False
+        for flag in self._found_inf.values():
+            flag.zero_()
+
+    def unscale(self, grads: Iterable[torch.Tensor]) -> None:
+        """Unscale `grads` in place, accumulating the device-side overflow flag."""
+        unscale_and_check(grads, 1.0 / self._loss_scale, self._found_inf)
+
+    def found_inf_tensor(self, device: torch.device) -> torch.Tensor:
+        """The device-side overflow flag (created zeroed on first use)."""
+        flag = self._found_inf.get(device)
+        if flag is None:
+            flag = self._found_inf[device] = torch.zeros(1, dtype=torch.float32, device=device)
+        return flag
+
+    def has_overflow(self) -> bool:
+        """Read the overflow flags: the one host sync per `scale_loss`."""
+        if not self._has_overflow and self._found_inf:
+            self._has_overflow = any(bool(flag.item()) for flag in self._found_inf.values())
+        return self._has_overflow
+
+    def update_scale(self) -> bool:
+        """Advance the schedule after a `scale_loss` exit; returns True when the step must be skipped.
+
+        A static scaler keeps its scale, but still skips a step whose gradients overflowed.
+        """
+        overflow = self.has_overflow() if self.checks_overflow else False
+        if self.dynamic:
+            self._loss_scale, self._unskipped = next_scale(
+                self._loss_scale, self._unskipped, overflow, scale_factor=self._scale_factor,
+                scale_window=self._scale_seq_len, min_loss_scale=self._min_loss_scale,
+                max_loss_scale=self._max_loss_scale,
+            )
+        elif not overflow:
+            self._unskipped += 1
+        return overflow
+
+    def state_dict(self) -> dict:
+        return {"loss_scale": self._loss_scale, "unskipped": self._unskipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Accept apex's `{loss_scale, unskipped}` or a torch GradScaler state dict."""
+        if "scale" in state and "loss_scale" not in state:
+            self._loss_scale = float(state["scale"])
+            self._unskipped = int(state.get("_growth_tracker", 0))
+            return
+        self._loss_scale = float(state["loss_scale"])
+        self._unskipped = int(state["unskipped"])

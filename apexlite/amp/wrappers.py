@@ -1,0 +1,164 @@
+"""One wrapt wrapper factory per CastPolicy.
+
+A wrapper receives `(wrapped, instance, args, kwargs)` from wrapt. For a Tensor method `instance` is
+the tensor and `wrapped` is already bound to it, so wrappers that must cast `self` call the unbound
+original recorded at patch time instead: `original(cast(instance), *cast(args))`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import wrapt
+
+from apexlite._logging import get_logger
+from apexlite.amp.lists import BANNED_MESSAGES
+from apexlite.amp.policies import (
+    CASTABLE_DTYPES, CastPolicy, collect_float_dtypes, is_low_precision, map_tensors, widest,
+)
+
+log = get_logger("amp.casts")
+
+
+class CastState:
+    """The switches every wrapper of one session reads on each call."""
+
+    def __init__(self, low_dtype: torch.dtype, cache: Any, log_casts: bool = False,
+                 allow_banned: bool = False) -> None:
+        self.enabled = True
+        self.low_dtype = low_dtype
+        self.cache = cache
+        self.log_casts = log_casts
+        self.allow_banned = allow_banned
+
+
+def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) -> Callable:
+    cache = state.cache if use_cache else None
+
+    def cast(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.dtype is dtype or tensor.dtype not in CASTABLE_DTYPES:
+            return tensor
+        if state.log_casts:
+            log.debug("%s->%s (%s)", tensor.dtype, dtype, name)
+        if cache is not None and cache.is_cacheable(tensor):
+            return cache.cast(tensor, dtype)
+        return tensor.to(dtype)
+
+    return cast
+
+
+def _cast_call(original, instance, args, kwargs, cast) -> Any:
+    args = [map_tensors(arg, cast) for arg in args]
+    if kwargs:
+        kwargs = {key: map_tensors(value, cast) for key, value in kwargs.items()}
+    if instance is None:
+        return original(*args, **kwargs)
+    return original(cast(instance), *args, **kwargs)
+
+
+def _fixed_dtype_wrapper(state: CastState, original: Callable, name: str, low: bool) -> Callable:
+    """LOW_PRECISION (cached, dtype read per call) or FLOAT (uncached) casts."""
+    casters = {}
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if not state.enabled:
+            return wrapped(*args, **kwargs)
+        dtype = state.low_dtype if low else torch.float32
+        cast = casters.get(dtype)
+        if cast is None:
+            cast = casters[dtype] = _caster(state, dtype, name, use_cache=low)
+        return _cast_call(original, instance, args, kwargs, cast)
+
+    return wrapper
+
+
+def _promote_wrapper(state: CastState, original: Callable, name: str, sequence: bool) -> Callable:
+    def wrapper(wrapped, instance, args, kwargs):
+        if not state.enabled:
+            return wrapped(*args, **kwargs)
+        found: set = set()
+        if instance is not None:
+            collect_float_dtypes(instance, found)
+        collect_float_dtypes(args[0] if sequence and args else args, found)
+        if not sequence:
+            collect_float_dtypes(kwargs, found)
+        if len(found) <= 1:
+            return wrapped(*args, **kwargs)
+        cast = _caster(state, widest(found), name, use_cache=False)
+        if sequence:
+            return original(map_tensors(list(args[0]), cast), *args[1:], **kwargs)
+        return _cast_call(original, instance, args, kwargs, cast)
+
+    return wrapper
+
+
+def _match_self_wrapper(state: CastState, original: Callable, name: str) -> Callable:
+    def wrapper(wrapped, instance, args, kwargs):
+        if not state.enabled or instance is None or instance.dtype not in CASTABLE_DTYPES:
+            return wrapped(*args, **kwargs)
+        cast = _caster(state, instance.dtype, name, use_cache=False)
+        args = [map_tensors(arg, cast) for arg in args]
+        kwargs = {key: map_tensors(value, cast) for key, value in kwargs.items()}
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def _inplace_float_wrapper(state: CastState, original: Callable, name: str) -> Callable:
+    def wrapper(wrapped, instance, args, kwargs):
+        target = instance if instance is not None else (args[0] if args else None)
+        if isinstance(target, torch.Tensor) and is_low_precision(target):
+            raise NotImplementedError(
+                f"Cannot call in-place {name} on a {target.dtype} tensor under amp O1: {name} is forced "
+                f"to fp32, which an in-place op cannot do. Use the out-of-place form, or call .float() first."
+            )
+        if not state.enabled:
+            return wrapped(*args, **kwargs)
+        cast = _caster(state, torch.float32, name, use_cache=False)
+        if instance is None:
+            return wrapped(args[0], *[map_tensors(arg, cast) for arg in args[1:]],
+                           **{key: map_tensors(value, cast) for key, value in kwargs.items()})
+        return wrapped(*[map_tensors(arg, cast) for arg in args],
+                       **{key: map_tensors(value, cast) for key, value in kwargs.items()})
+
+    return wrapper
+
+
+def _banned_wrapper(state: CastState, original: Callable, name: str) -> Callable:
+    message = BANNED_MESSAGES.get(
+        name.rsplit(".", 1)[-1], f"{name} is not supported with low-precision inputs under amp O1."
+    )
+    float_call = _fixed_dtype_wrapper(state, original, name, low=False)
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if state.allow_banned:
+            return float_call(wrapped, instance, args, kwargs)
+        if any(is_low_precision(arg) for arg in args) or any(is_low_precision(v) for v in kwargs.values()):
+            raise NotImplementedError(message)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def make_wrapper(policy: CastPolicy, state: CastState, original: Callable, name: str) -> wrapt.FunctionWrapper:
+    """A wrapt FunctionWrapper around `original` (a function, or a raw method descriptor) for `policy`.
+
+    Wrappers that cast `self` call `original(cast(self), ...)` rather than wrapt's bound `wrapped`.
+    """
+    if policy is CastPolicy.LOW_PRECISION:
+        wrapper = _fixed_dtype_wrapper(state, original, name, low=True)
+    elif policy is CastPolicy.FLOAT:
+        wrapper = _fixed_dtype_wrapper(state, original, name, low=False)
+    elif policy is CastPolicy.PROMOTE:
+        wrapper = _promote_wrapper(state, original, name, sequence=False)
+    elif policy is CastPolicy.SEQUENCE_PROMOTE:
+        wrapper = _promote_wrapper(state, original, name, sequence=True)
+    elif policy is CastPolicy.MATCH_SELF:
+        wrapper = _match_self_wrapper(state, original, name)
+    elif policy is CastPolicy.INPLACE_FLOAT:
+        wrapper = _inplace_float_wrapper(state, original, name)
+    elif policy is CastPolicy.BANNED:
+        wrapper = _banned_wrapper(state, original, name)
+    else:  # pragma: no cover - the enum is closed
+        raise ValueError(f"unknown cast policy {policy}")
+    return wrapt.FunctionWrapper(original, wrapper)

@@ -1,0 +1,22 @@
+"""Identity snapshot of every attribute apexlite may patch, to prove tests leave torch as found."""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from apexlite.amp.lists import natively_promoted_entries, op_entries
+from apexlite.amp.patcher import resolve
+
+ABSENT = object()
+
+
+def _own_attribute(target: Any, name: str) -> Any:
+    """What the target itself holds under `name` (ABSENT when inherited or dynamic)."""
+    return vars(target).get(name, ABSENT)
+
+
+def snapshot_patch_targets() -> Dict[str, Any]:
+    pairs = [(e.namespace, e.name) for e in op_entries()] + natively_promoted_entries()
+    snapshot = {}
+    for namespace, name in pairs:
+        snapshot[f"{namespace}.{name}"] = _own_attribute(resolve(namespace), name)
+    return snapshot

@@ -1,0 +1,124 @@
+"""Per-parameter FusedAdam state: creation, layout matching, checkpoint restore, and bucketing.
+
+State keys follow torch.optim.Adam so checkpoints move between torch, apex and apexlite:
+``step`` (float32 scalar tensor on the param's device), ``exp_avg``, ``exp_avg_sq``, plus
+``master_param`` (the fp32 master of an fp16/bf16 param when master weights are on).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+MOMENT_KEYS = ("exp_avg", "exp_avg_sq")
+
+
+@dataclass
+class Bucket:
+    """Parallel lists for one fused call: every tensor on one device, every list of one dtype."""
+
+    device: torch.device
+    dense: bool
+    params: List[torch.Tensor] = field(default_factory=list)
+    grads: List[torch.Tensor] = field(default_factory=list)
+    exp_avgs: List[torch.Tensor] = field(default_factory=list)
+    exp_avg_sqs: List[torch.Tensor] = field(default_factory=list)
+    state_steps: List[torch.Tensor] = field(default_factory=list)
+    model_copies: List[torch.Tensor] = field(default_factory=list)
+    written: List[torch.Tensor] = field(default_factory=list)  # model params whose version must bump
+
+
+def check_dtype(tensor: torch.Tensor, what: str) -> None:
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"FusedAdam supports float32, float16 and bfloat16 {what}s; got a {tensor.dtype} {what} of "
+            f"shape {tuple(tensor.shape)}. Cast the model (e.g. model.float()) or use torch.optim.Adam."
+        )
+
+
+def is_dense(tensor: torch.Tensor) -> bool:
+    """True when the elements fill one gap-free block of memory in some dim order (what the kernel walks)."""
+    if tensor.is_contiguous():
+        return True
+    expected = 1
+    for size, stride in sorted(zip(tensor.shape, tensor.stride()), key=lambda dim: dim[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def fp32_copy(source: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A float32 copy of ``source`` with the memory layout of ``like`` (a master weight)."""
+    return torch.empty_like(like, dtype=torch.float32).copy_(source.detach())
+
+
+def with_layout(tensor: torch.Tensor, like: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """``tensor`` itself when it already has ``like``'s strides (and ``dtype``), else a matching copy."""
+    dtype = dtype or tensor.dtype
+    if tensor.dtype == dtype and tensor.stride() == like.stride() and tensor.device == like.device:
+        return tensor
+    return torch.empty_like(like, dtype=dtype).copy_(tensor)
+
+
+def init_state(param: torch.Tensor, state: dict, master_weights: bool, moment_dtype: torch.dtype) -> None:
+    """Fills the missing entries of one param's state (lazily, at its first step)."""
+    if master_weights and param.dtype in HALF_DTYPES and "master_param" not in state:
+        state["master_param"] = fp32_copy(param, param)
+    target = state.get("master_param", param)
+    if "step" not in state:
+        state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+    for key in MOMENT_KEYS:
+        if key not in state:
+            state[key] = torch.zeros_like(target, dtype=moment_dtype, memory_format=torch.preserve_format)
+
+
+def prepare_state(param: torch.Tensor, state: dict) -> None:
+    """Puts state that came from outside (a checkpoint, a later master) where the kernel wants it.
+
+    Called after loading or replacing state rather than every step: afterwards ``step`` is a float32
+    scalar on the param's device and masters and moments share the param's memory layout.
+    """
+    if "step" in state:
+        step = state["step"]
+        state["step"] = torch.as_tensor(step, dtype=torch.float32).to(param.device).reshape(()).clone()
+    if not is_dense(param):  # served by the pure-torch path, any layout works
+        return
+    if "master_param" in state:
+        state["master_param"] = with_layout(state["master_param"], param, torch.float32)
+    target = state.get("master_param", param)
+    for key in MOMENT_KEYS:
+        if key in state:
+            state[key] = with_layout(state[key], target)
+
+
+def restore_value(key: str, value: torch.Tensor, param: torch.Tensor, moment_dtype: torch.dtype) -> torch.Tensor:
+    """A private copy of one checkpointed state tensor, with the dtype FusedAdam keeps for ``key``."""
+    dtype = {"step": torch.float32, "master_param": torch.float32}.get(key)
+    if key in MOMENT_KEYS:
+        dtype = moment_dtype
+    return value.detach().to(device=param.device, dtype=dtype or value.dtype, copy=True)
+
+
+def add_to_bucket(buckets: Dict[Tuple, Bucket], param: torch.Tensor, grad: torch.Tensor, state: dict) -> None:
+    """Files one param (with a grad and initialised state) into its (device, dtypes) bucket."""
+    target = state.get("master_param", param)
+    dense = is_dense(target)
+    copy_dtype = param.dtype if target is not param else None
+    key = (param.device, target.dtype, grad.dtype, copy_dtype, state["exp_avg"].dtype, dense)
+    bucket = buckets.get(key)
+    if bucket is None:
+        bucket = buckets[key] = Bucket(device=param.device, dense=dense)
+    bucket.params.append(target)
+    bucket.grads.append(with_layout(grad, target) if dense else grad)
+    bucket.exp_avgs.append(state["exp_avg"])
+    bucket.exp_avg_sqs.append(state["exp_avg_sq"])
+    bucket.state_steps.append(state["step"])
+    if target is not param:
+        bucket.model_copies.append(param)
+    bucket.written.append(param)

@@ -1,0 +1,100 @@
+// Argument checks shared by the CPU and CUDA bindings of apexlite::fused_adam_. Every message says
+// which tensor is wrong, what was expected, and how the Python layer normally avoids the problem.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Optional.h>
+
+namespace apexlite {
+
+inline bool is_float_kind(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+inline void check_same_layout(const at::Tensor& t, const at::Tensor& param, const char* list, size_t i) {
+  TORCH_CHECK(t.device() == param.device(), "apexlite.fused_adam_: ", list, "[", i, "] is on ",
+              t.device(), " but params[", i, "] is on ", param.device(),
+              "; all tensors of one call must share a device (FusedAdam groups params by device).");
+  TORCH_CHECK(t.numel() == param.numel(), "apexlite.fused_adam_: ", list, "[", i, "] has ",
+              t.numel(), " elements but params[", i, "] has ", param.numel(), ".");
+  TORCH_CHECK(t.layout() == at::kStrided, "apexlite.fused_adam_: ", list, "[", i,
+              "] is sparse; FusedAdam needs dense tensors (use torch.optim.SparseAdam for sparse grads).");
+  TORCH_CHECK(t.numel() <= 1 || t.strides() == param.strides(), "apexlite.fused_adam_: ", list, "[",
+              i, "] has strides ", t.strides(), " but params[", i, "] has ", param.strides(),
+              "; make it match with torch.empty_like(param, dtype=...).copy_(tensor).");
+}
+
+inline void check_uniform_dtype(at::TensorList list, const char* name) {
+  for (size_t i = 1; i < list.size(); ++i) {
+    TORCH_CHECK(list[i].scalar_type() == list[0].scalar_type(), "apexlite.fused_adam_: ", name, "[", i,
+                "] is ", list[i].scalar_type(), " but ", name, "[0] is ", list[0].scalar_type(),
+                "; each list must hold one dtype (FusedAdam groups params by dtype before the call).");
+  }
+}
+
+inline void check_flag(const c10::optional<at::Tensor>& t, const at::Device& device, const char* name) {
+  if (!t.has_value()) return;
+  TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == 1, "apexlite.fused_adam_: ", name,
+              " must be a 1-element float32 tensor, got ", t->scalar_type(), " with ", t->numel(),
+              " elements.");
+  TORCH_CHECK(t->device() == device, "apexlite.fused_adam_: ", name, " is on ", t->device(),
+              " but the params are on ", device, "; move it with .to(params[0].device).");
+}
+
+// Validates the whole argument set of apexlite::fused_adam_ for the given backend.
+inline void check_fused_adam_args(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                                  at::TensorList exp_avg_sqs, at::TensorList state_steps,
+                                  at::TensorList model_copies, const c10::optional<at::Tensor>& grad_scale,
+                                  const c10::optional<at::Tensor>& found_inf, at::DeviceType backend) {
+  const size_t n = params.size();
+  TORCH_CHECK(grads.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n &&
+                  state_steps.size() == n && (model_copies.empty() || model_copies.size() == n),
+              "apexlite.fused_adam_: list lengths differ (params ", n, ", grads ", grads.size(),
+              ", exp_avgs ", exp_avgs.size(), ", exp_avg_sqs ", exp_avg_sqs.size(), ", state_steps ",
+              state_steps.size(), ", model_copies ", model_copies.size(),
+              "); model_copies may be empty, every other list needs one entry per param.");
+  if (n == 0) return;
+  const at::Device device = params[0].device();
+  TORCH_CHECK(device.type() == backend, "apexlite.fused_adam_: the ", backend,
+              " kernel got tensors on ", device, ".");
+  check_uniform_dtype(params, "params");
+  check_uniform_dtype(grads, "grads");
+  check_uniform_dtype(exp_avgs, "exp_avgs");
+  check_uniform_dtype(exp_avg_sqs, "exp_avg_sqs");
+  check_uniform_dtype(model_copies, "model_copies");
+  TORCH_CHECK(is_float_kind(params[0].scalar_type()) && is_float_kind(grads[0].scalar_type()),
+              "apexlite.fused_adam_: params and grads must be float32, float16 or bfloat16; got ",
+              params[0].scalar_type(), " params and ", grads[0].scalar_type(), " grads.");
+  const at::ScalarType moment = exp_avgs[0].scalar_type();
+  TORCH_CHECK((moment == at::kFloat || moment == at::kBFloat16) &&
+                  exp_avg_sqs[0].scalar_type() == moment,
+              "apexlite.fused_adam_: exp_avgs and exp_avg_sqs must both be float32 or both bfloat16; got ",
+              moment, " and ", exp_avg_sqs[0].scalar_type(), ".");
+  if (!model_copies.empty()) {
+    const at::ScalarType copy = model_copies[0].scalar_type();
+    TORCH_CHECK(params[0].scalar_type() == at::kFloat && (copy == at::kHalf || copy == at::kBFloat16),
+                "apexlite.fused_adam_: model_copies must be float16 or bfloat16 copies of float32 params; "
+                "got ", copy, " copies of ", params[0].scalar_type(), " params.");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& p = params[i];
+    TORCH_CHECK(p.device() == device, "apexlite.fused_adam_: params[", i, "] is on ", p.device(),
+                " but params[0] is on ", device, "; call the op once per device.");
+    TORCH_CHECK(p.layout() == at::kStrided && p.is_non_overlapping_and_dense(),
+                "apexlite.fused_adam_: params[", i, "] (shape ", p.sizes(), ", strides ", p.strides(),
+                ") does not cover a dense block of memory; pass a contiguous tensor or use the "
+                "pure-torch path (apexlite.optimizers._reference).");
+    check_same_layout(grads[i], p, "grads", i);
+    check_same_layout(exp_avgs[i], p, "exp_avgs", i);
+    check_same_layout(exp_avg_sqs[i], p, "exp_avg_sqs", i);
+    if (!model_copies.empty()) check_same_layout(model_copies[i], p, "model_copies", i);
+    const at::Tensor& s = state_steps[i];
+    TORCH_CHECK(s.scalar_type() == at::kFloat && s.numel() == 1 && s.device() == device,
+                "apexlite.fused_adam_: state_steps[", i, "] must be a 1-element float32 tensor on ", device,
+                "; got ", s.scalar_type(), " with ", s.numel(), " elements on ", s.device(), ".");
+  }
+  check_flag(grad_scale, device, "grad_scale");
+  check_flag(found_inf, device, "found_inf");
+}
+
+}  // namespace apexlite

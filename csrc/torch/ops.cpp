@@ -1,0 +1,28 @@
+// Declares apexlite's operator schemas once; each backend registers its kernel in its own file
+// (fused_adam_cpu.cpp, fused_adam_cuda.cpp). Also provides the module init for `import apexlite._C`.
+#include <Python.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(apexlite, m) {
+  // One Adam/AdamW step over equally long tensor lists, all on one device, each list of one dtype.
+  //   params:       the weights the math runs on (fp32, or fp16/bf16 without master weights)
+  //   grads:        fp32, fp16 or bf16 gradients (may carry a loss scale, see grad_scale)
+  //   exp_avgs, exp_avg_sqs: moments, fp32 or bf16
+  //   state_steps:  one float32 scalar tensor per param, advanced by one when the step is taken
+  //   model_copies: empty, or fp16/bf16 tensors that receive the updated fp32 params (O2 copies)
+  //   grad_scale:   optional 1-element float32 tensor holding the loss scale; grads are divided by it
+  //   found_inf:    optional 1-element float32 tensor; nonzero skips the whole call (nothing changes)
+  m.def(
+      "fused_adam_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] state_steps, Tensor(e!)[] model_copies, *, "
+      "float lr, float beta1, float beta2, float eps, float weight_decay, bool bias_correction, "
+      "bool adam_w_mode, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
+}
+
+extern "C" {
+// `import apexlite._C` only needs to load this library so that the registrations above run.
+PyMODINIT_FUNC PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}

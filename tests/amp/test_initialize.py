@@ -1,0 +1,198 @@
+"""initialize/deinitialize: opt-level table, overrides and their errors, return shapes, banner, patch undo."""
+import logging
+
+import pytest
+import torch
+
+from apexlite import amp
+from apexlite.amp.lists import op_entries
+from apexlite.amp.patcher import resolve
+from apexlite.amp.session import current_session
+
+# apex's documented property table: (cast_model_type, patch_torch_functions, keep_batchnorm_fp32, master_weights, loss_scale)
+APEX_TABLE = {
+    "O0": (torch.float32, False, None, False, 1.0),
+    "O1": (None, True, None, None, "dynamic"),
+    "O2": (torch.float16, False, True, True, "dynamic"),
+    "O3": (torch.float16, False, False, False, 1.0),
+}
+
+
+def model_opt():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+@pytest.fixture(autouse=True)
+def _teardown():
+    yield
+    amp.deinitialize()
+
+
+@pytest.mark.parametrize("level", APEX_TABLE)
+def test_opt_level_properties_match_apex(level):
+    amp.initialize(*model_opt(), opt_level=level, verbosity=0)
+    props = current_session().properties
+    got = (props.cast_model_type, props.patch_torch_functions, props.keep_batchnorm_fp32,
+           props.master_weights, props.loss_scale)
+    assert got == APEX_TABLE[level] and props.enabled
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_bfloat16_defaults_to_loss_scale_one(level):
+    amp.initialize(*model_opt(), opt_level=level, dtype=torch.bfloat16, verbosity=0)
+    assert current_session().properties.loss_scale == 1.0
+
+
+BAD_OVERRIDES = [
+    (dict(opt_level="01"), "letter O, not the number zero"),
+    (dict(opt_level="O1", cast_model_type=torch.float16), "cast_model_type"),
+    (dict(opt_level="O2", patch_torch_functions=True), "patch_torch_functions"),
+    (dict(opt_level="O1", keep_batchnorm_fp32=True), "keep_batchnorm_fp32"),
+    (dict(opt_level="O2", keep_batchnorm_fp32="yes"), "keep_batchnorm_fp32"),
+    (dict(opt_level="O1", master_weights=True), "master_weights"),
+    (dict(opt_level="O1", loss_scale="big"), "loss_scale"),
+    (dict(opt_level="O1", loss_scale=-1), "loss_scale"),
+    (dict(opt_level="O1", num_losses=0), "num_losses"),
+    (dict(opt_level="O1", dtype=torch.float64), "dtype"),
+    (dict(opt_level="O1", min_loss_scale=2.0 ** 20, max_loss_scale=2.0 ** 10), "min_loss_scale"),
+]
+
+
+@pytest.mark.parametrize("kwargs,needle", BAD_OVERRIDES, ids=lambda v: str(v))
+def test_bad_options_name_the_option(kwargs, needle):
+    with pytest.raises(RuntimeError, match=needle):
+        amp.initialize(*model_opt(), verbosity=0, **kwargs)
+    assert current_session(required=False) is None
+
+
+def test_string_overrides_are_parsed():
+    amp.initialize(*model_opt(), opt_level="O2", keep_batchnorm_fp32="False", loss_scale="128.0", verbosity=0)
+    props = current_session().properties
+    assert props.keep_batchnorm_fp32 is False and props.loss_scale == 128.0
+
+
+@pytest.mark.parametrize("as_list_models,as_list_opts", [(False, False), (True, False), (False, True), (True, True)])
+def test_returns_in_the_shape_given(as_list_models, as_list_opts):
+    model, opt = model_opt()
+    models = [model] if as_list_models else model
+    opts = [opt] if as_list_opts else opt
+    out_models, out_opts = amp.initialize(models, opts, verbosity=0)
+    assert out_models is models and out_opts is opts
+
+
+def test_model_only_returns_model():
+    model, _ = model_opt()
+    assert amp.initialize(model, verbosity=0) is model
+
+
+MISUSE = [
+    (lambda m, o: amp.initialize(torch.nn.DataParallel(m), o), "AFTER"),
+    (lambda m, o: amp.initialize(m.half(), o), "do not need to call .half"),
+    (lambda m, o: amp.initialize(m, (o,)), "single optimizer or a list"),
+    (lambda m, o: amp.initialize(m, torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=1), opt_level="O2"),
+     "not a parameter of any model"),
+]
+
+
+@pytest.mark.parametrize("call,needle", MISUSE)
+def test_misuse_is_a_clear_error(call, needle):
+    with pytest.raises(RuntimeError, match=needle):
+        call(*model_opt())
+
+
+def test_initialize_twice_is_an_error_and_deinitialize_allows_again():
+    amp.initialize(*model_opt(), verbosity=0)
+    with pytest.raises(RuntimeError, match="deinitialize"):
+        amp.initialize(*model_opt(), verbosity=0)
+    amp.deinitialize()
+    amp.deinitialize()  # idempotent
+    amp.initialize(*model_opt(), verbosity=0)
+
+
+def test_scale_loss_before_initialize_and_foreign_optimizer():
+    with pytest.raises(RuntimeError, match="must be called before"):
+        with amp.scale_loss(torch.ones(()), None):
+            pass
+    model, opt = model_opt()
+    amp.initialize(model, opt, verbosity=0)
+    other = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match="was not passed through amp.initialize"):
+        with amp.scale_loss(model(torch.randn(2, 3)).sum(), other):
+            pass
+    with pytest.raises(RuntimeError, match="loss_id=1 is out of range"):
+        with amp.scale_loss(model(torch.randn(2, 3)).sum(), opt, loss_id=1):
+            pass
+
+
+def test_banner_matches_apex_layout(caplog):
+    with caplog.at_level(logging.INFO, logger="apexlite"):
+        amp.initialize(*model_opt(), opt_level="O2")
+    lines = caplog.records[-1].getMessage().split("\n")
+    assert lines[0] == "Selected optimization level O2:  FP16 training with FP32 batchnorm and FP32 master weights."
+    assert lines[1] == ""
+    assert lines[2] == "Defaults for this optimization level are:"
+    assert "cast_model_type        : torch.float16" in lines
+    assert lines[-1] == "loss_scale             : dynamic"
+
+
+def test_environment_overrides_level_and_dtype(monkeypatch, caplog):
+    monkeypatch.setenv("APEXLITE_OPT_LEVEL", "O2")
+    monkeypatch.setenv("APEXLITE_DTYPE", "bfloat16")
+    model, opt = model_opt()
+    with caplog.at_level(logging.INFO, logger="apexlite"):
+        amp.initialize(model, opt, opt_level="O1", verbosity=0)
+    assert current_session().properties.opt_level == "O2"
+    assert model[0].weight.dtype is torch.bfloat16
+    assert "APEXLITE_OPT_LEVEL=O2" in caplog.text
+
+
+def test_enabled_false_is_a_pass_through():
+    model, opt = model_opt()
+    out = amp.initialize(model, opt, enabled=False)
+    assert out == (model, opt)
+    loss = model(torch.randn(2, 3)).sum()
+    with amp.scale_loss(loss, opt) as scaled:
+        assert scaled is loss
+    assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype is torch.float32
+
+
+def test_deinitialize_restores_every_patched_attribute_identically():
+    before = {e.qualname: getattr(resolve(e.namespace), e.name) for e in op_entries()}
+    owned_before = {e.qualname: e.name in vars(resolve(e.namespace)) for e in op_entries()}
+    model, opt = model_opt()
+    amp.initialize(model, opt, opt_level="O1", verbosity=0)
+    assert torch.mm is not before["torch.mm"]
+    amp.deinitialize()
+    for entry in op_entries():
+        target = resolve(entry.namespace)
+        assert (entry.name in vars(target)) == owned_before[entry.qualname], entry.qualname
+        if entry.namespace != "torch.Tensor":
+            assert getattr(target, entry.name) is before[entry.qualname], entry.qualname
+    assert "step" not in vars(opt) and not hasattr(opt, "_amp_stash")
+
+
+def test_user_registrations_apply_to_the_next_o1_session():
+    amp.register_float_function(torch, "sigmoid")
+    amp.register_half_function(torch, "tanh")
+    amp.initialize(*model_opt(), verbosity=0)
+    assert torch.sigmoid(torch.ones(2, dtype=torch.float16)).dtype is torch.float32
+    assert torch.tanh(torch.ones(2)).dtype is torch.float16
+    amp.deinitialize()
+    assert torch.tanh(torch.ones(2)).dtype is torch.float32
+    with pytest.raises(ValueError, match="No function named"):
+        amp.register_half_function(torch, "not_a_function")
+
+
+def test_decorators_cast_only_under_o1():
+    @amp.half_function
+    def mm(a, b):
+        return a @ b
+
+    a = torch.ones(2, 2)
+    assert mm(a, a).dtype is torch.float32
+    amp.initialize(*model_opt(), opt_level="O1", verbosity=0)
+    assert mm(a, a).dtype is torch.float16
+    amp.deinitialize()
+    amp.initialize(*model_opt(), opt_level="O0", verbosity=0)
+    assert mm(a, a).dtype is torch.float32

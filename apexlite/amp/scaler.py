@@ -15,6 +15,8 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
+from apexlite.parallel.overflow import distributed_overflow_sync
+
 LossScaleSpec = Union[float, str]
 
 
@@ -71,6 +73,8 @@ class LossScaler:
         self._max_loss_scale = max_loss_scale
         self._found_inf: Dict[torch.device, torch.Tensor] = {}
         self._has_overflow = False
+        # NOTE [overflow agreement] (apexlite/parallel/overflow.py): None in a single process
+        self.overflow_sync = distributed_overflow_sync()
 
     def loss_scale(self) -> float:
         return self._loss_scale
@@ -98,6 +102,8 @@ class LossScaler:
 
     def has_overflow(self) -> bool:
         """Read the overflow flags: the one host sync per `scale_loss`."""
+        if not self._has_overflow and self.overflow_sync is not None:
+            self.overflow_sync(self._found_inf)
         if not self._has_overflow and self._found_inf:
             self._has_overflow = any(bool(flag.item()) for flag in self._found_inf.values())
         return self._has_overflow

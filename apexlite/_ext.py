@@ -107,8 +107,7 @@ def kernels_available(device_type: str) -> bool:
 def warn_fallback(device_type: str) -> None:
     """Says once per device type that FusedAdam runs the pure-torch path, and how to change that."""
     found = status()
-    if found.source == "disabled":
-        _log.debug("apexlite: FusedAdam uses the pure-torch path on %s (%s)", device_type, found.detail)
+    if found.source == "disabled":  # the user asked for the pure-torch path: nothing to report
         return
     warnings.warn(
         f"apexlite: no compiled FusedAdam kernel for {device_type} ({found.detail}); using the slower "

@@ -5,11 +5,9 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Unio
 
 import torch
 
-from apexlite._logging import get_logger
 from apexlite.optimizers import _adam_state as adam_state
 from apexlite.optimizers._adam_step import IMPLEMENTATIONS, fused_adam_step
 
-_log = get_logger("optimizers.fused_adam")
 _LEGACY_STEP_ARGS = ("grads", "output_params", "scale", "grad_norms")
 
 
@@ -181,10 +179,12 @@ class FusedAdam(torch.optim.Optimizer):
                                      f"{tuple(param.shape)}; pass the pre-cast tensor of the same param")
                 self.state[param]["master_param"] = adam_state.fp32_copy(source, param)
                 adam_state.prepare_state(param, self.state[param])
-        _log.debug("FusedAdam: master weights enabled")
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Loads torch, apex or apexlite checkpoints, keeping FusedAdam's state dtypes and devices."""
+        if any(group.get("amsgrad") for group in state_dict["param_groups"]):
+            raise RuntimeError("this checkpoint comes from an AMSGrad optimizer; FusedAdam does not implement "
+                               "AMSGrad, load it into torch.optim.Adam(amsgrad=True) instead.")
         ids = [pid for group in state_dict["param_groups"] for pid in group["params"]]
         params = [p for group in self.param_groups for p in group["params"]]
         super().load_state_dict(state_dict)
@@ -198,6 +198,8 @@ class FusedAdam(torch.optim.Optimizer):
                     self.state[param][key] = adam_state.restore_value(key, value, param, self.exp_avg_dtype)
             adam_state.prepare_state(param, self.state[param])
         for group in self.param_groups:
+            for key, default in self.defaults.items():  # torch checkpoints lack FusedAdam's own keys
+                group.setdefault(key, default)
             group_step = group.pop("step", None)  # apex keeps one step count per group
             for param in group["params"]:
                 state = self.state.get(param)

@@ -1,0 +1,22 @@
+"""`apex.amp`: every public name of apex.amp, backed by apexlite.amp.
+
+The submodules code reaches into are importable too: `apex.amp.amp`, `.frontend`, `.handle`,
+`.scaler` and `._amp_state`. `amp._amp_state` is the state object (as in apex), not the submodule.
+"""
+from apexlite.amp import (  # noqa: F401
+    AmpConfigError, AmpStateError, AmpUsageError, deinitialize, disable_casts, float_function,
+    half_function, initialize, load_state_dict, master_params, promote_function,
+    register_float_function, register_half_function, register_promote_function, scale_loss, state_dict,
+)
+from apexlite.compat.apex.amp import frontend, handle, scaler  # noqa: F401
+from apexlite.compat.apex.amp.amp import init
+from apexlite.compat.apex.amp._amp_state import _amp_state  # noqa: F401  (rebinds the name to the object)
+
+VERSION = (0, 1, 0)
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "initialize", "deinitialize", "scale_loss", "disable_casts", "state_dict", "load_state_dict",
+    "master_params", "half_function", "float_function", "promote_function", "register_half_function",
+    "register_float_function", "register_promote_function",
+]

@@ -1,0 +1,126 @@
+"""`apex.parallel.DistributedDataParallel` and `Reducer`, on torch.distributed.
+
+apex's DDP becomes torch's DDP: gradients are allreduced and averaged over processes during
+backward. apex's arguments are all accepted. Those that change results are honoured
+(gradient_average, gradient_predivide_factor, allreduce_always_fp32, through a comm hook);
+message_size maps to bucket_cap_mb; the ones that only tune overlap and streams
+(delay_allreduce, allreduce_trigger_params, num_allreduce_streams, allreduce_communicators,
+retain_allreduce_buffers, prof) are validated as apex did and logged once as not applicable.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from apexlite._logging import get_logger
+
+log = get_logger("compat.parallel")
+
+_SHARED_PARAM_MESSAGE = (
+    "shared_param is no longer supported as an option.  It was misleadingly named from the start.  "
+    "It turns out overlapping communication with computation should work fine with shared parameters.  "
+    "If you still wish to delay communication to the end of the backward pass, use "
+    "delay_allreduce=True|False instead."
+)
+
+
+class _AverageHook:
+    """DDP comm hook: optional fp32 upcast, divide by `predivide`, allreduce-sum, then average."""
+
+    def __init__(self, gradient_average: bool, predivide: float, always_fp32: bool) -> None:
+        self.gradient_average = gradient_average
+        self.predivide = predivide
+        self.always_fp32 = always_fp32
+
+    def __call__(self, process_group: Any, bucket: Any) -> torch.futures.Future:
+        buffer = bucket.buffer()
+        tensor = buffer.float() if self.always_fp32 else buffer
+        if self.predivide != 1.0:
+            tensor.div_(self.predivide)
+        world = dist.get_world_size(process_group)
+        future = dist.all_reduce(tensor, group=process_group, async_op=True).get_future()
+
+        def finish(fut: torch.futures.Future) -> torch.Tensor:
+            reduced = fut.value()[0]
+            if self.gradient_average:
+                reduced.mul_(self.predivide / world)
+            return reduced.to(buffer.dtype)
+
+        return future.then(finish)
+
+
+class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
+    """torch DDP with apex's constructor. Wrap the model after `amp.initialize`, as with apex."""
+
+    def __init__(self, module: torch.nn.Module, message_size: int = 10000000, delay_allreduce: bool = False,
+                 shared_param: Any = None, allreduce_trigger_params: Any = None,
+                 retain_allreduce_buffers: bool = False, allreduce_always_fp32: bool = False,
+                 num_allreduce_streams: int = 1, allreduce_communicators: Any = None,
+                 gradient_average: bool = True, gradient_predivide_factor: float = 1.0,
+                 gradient_average_split_factor: Optional[float] = None, prof: bool = False) -> None:
+        if shared_param is not None:
+            raise ValueError(_SHARED_PARAM_MESSAGE)
+        if num_allreduce_streams > 1 and delay_allreduce:
+            raise ValueError("self.allreduce_different_streams may only be used if delay_allreduce=False.")
+        if allreduce_trigger_params is not None and delay_allreduce:
+            raise ValueError("Setting allreduce_trigger_params is only valid if delay_allreduce=False.")
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("apex.parallel.DistributedDataParallel needs torch.distributed initialised: call "
+                               "torch.distributed.init_process_group(...) first (e.g. launch with torchrun).")
+        if gradient_average_split_factor is not None:
+            log.warning("gradient_average_split_factor is deprecated; use gradient_predivide_factor "
+                        "(using %s as the predivide factor)", gradient_average_split_factor)
+            gradient_predivide_factor = gradient_average_split_factor
+        tuning = {k: v for k, v in dict(delay_allreduce=delay_allreduce, prof=prof,
+                                         allreduce_trigger_params=allreduce_trigger_params,
+                                         num_allreduce_streams=num_allreduce_streams,
+                                         allreduce_communicators=allreduce_communicators,
+                                         retain_allreduce_buffers=retain_allreduce_buffers).items()
+                  if v not in (None, False, 1)}
+        if tuning:
+            log.info("apex DDP tuning options %s do not apply to torch DDP (it overlaps allreduce with "
+                     "backward itself); results are unchanged", sorted(tuning))
+        first = next(module.parameters(), None)
+        device_ids = [first.device.index] if first is not None and first.is_cuda else None
+        element_size = first.element_size() if first is not None else 4
+        super().__init__(module, device_ids=device_ids, bucket_cap_mb=message_size * element_size / 2 ** 20)
+        if not gradient_average or gradient_predivide_factor != 1.0 or allreduce_always_fp32:
+            self.register_comm_hook(None, _AverageHook(gradient_average, gradient_predivide_factor,
+                                                       allreduce_always_fp32))
+
+    def enable_allreduce(self) -> None:
+        """Allreduce gradients in the next backward passes again (after `disable_allreduce`)."""
+        self.require_backward_grad_sync = True
+
+    def disable_allreduce(self) -> None:
+        """Accumulate local gradients without communication (torch's `no_sync()`), e.g. between micro-batches."""
+        self.require_backward_grad_sync = False
+
+
+class Reducer:
+    """Averages gradients across processes on demand: `reducer.reduce()` after backward.
+
+    Given a module, its params are broadcast from rank 0 at construction and `reduce()` averages
+    their grads; given a list of tensors, `reduce()` averages those tensors in place.
+    """
+
+    def __init__(self, module_or_grads_list: Union[torch.nn.Module, List[torch.Tensor]]) -> None:
+        if isinstance(module_or_grads_list, torch.nn.Module):
+            self.module: Optional[torch.nn.Module] = module_or_grads_list
+            with torch.no_grad():
+                for param in self.module.parameters():
+                    dist.broadcast(param.data, 0)
+            self.grads: List[torch.Tensor] = []
+        else:
+            self.module = None
+            self.grads = list(module_or_grads_list)
+
+    def reduce(self) -> None:
+        tensors = ([p.grad for p in self.module.parameters() if p.grad is not None] if self.module is not None
+                   else self.grads)
+        world = dist.get_world_size()
+        for tensor in tensors:
+            dist.all_reduce(tensor)
+            tensor.div_(world)

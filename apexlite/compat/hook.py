@@ -1,0 +1,132 @@
+"""The import hook behind `apexlite run`: `import apex...` and `import amp_C` resolve to apexlite.compat.
+
+The hook is a `sys.meta_path` finder installed only by the runner, in the process that runs the
+script. Nothing in apexlite installs it at import time, so a real NVIDIA apex installed next to
+apexlite is never shadowed outside `apexlite run`. Aliased modules are the compat modules
+themselves (`sys.modules["apex.amp"] is apexlite.compat.apex.amp`), so isinstance checks and
+module-level state are shared whichever name a script uses.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from typing import Dict, Iterator, List, Optional
+
+from apexlite.compat._unsupported import UnsupportedModule
+
+COMPAT_PACKAGE = "apexlite.compat"
+# legacy top-level name -> module that provides it
+TOP_LEVEL = {"apex": f"{COMPAT_PACKAGE}.apex", "amp_C": f"{COMPAT_PACKAGE}.amp_C"}
+# apex areas outside apexlite's scope: importable, every name raises on use with this advice.
+UNSUPPORTED_AREAS = {
+    "contrib": "apex.contrib kernels have no apexlite equivalent; use the torch operator or library "
+               "that replaced the kernel (e.g. torch.nn.functional.cross_entropy for xentropy).",
+    "transformer": "Use Megatron-Core (megatron.core) for tensor/pipeline parallel layers.",
+    "mlp": "Use torch.nn.Sequential of torch.nn.Linear layers (torch.compile fuses them).",
+    "fused_dense": "Use torch.nn.Linear (torch.compile or cuBLASLt epilogues fuse bias and GELU).",
+    "reparameterization": "Use torch.nn.utils.parametrizations.weight_norm.",
+    "pyprof": "Use torch.profiler.",
+}
+
+
+def target_name(name: str) -> Optional[str]:
+    """The apexlite module behind legacy module `name`, or None when `name` is not a legacy name."""
+    top, _, rest = name.partition(".")
+    if top not in TOP_LEVEL:
+        return None
+    return TOP_LEVEL[top] + ("." + rest if rest else "")
+
+
+def legacy_name(module_name: str) -> Optional[str]:
+    """The legacy name under which compat module `module_name` is published (inverse of target_name)."""
+    for legacy, target in TOP_LEVEL.items():
+        if module_name == target or module_name.startswith(target + "."):
+            return legacy + module_name[len(target):]
+    return None
+
+
+class _AliasLoader(importlib.abc.Loader):
+    """Hands an already-imported module to the import system under a second name."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        self.module = module
+        self.original_spec = getattr(module, "__spec__", None)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return self.module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        # The import system stamps the alias spec onto the module; keep the module's own identity.
+        if self.original_spec is not None:
+            module.__spec__ = self.original_spec
+
+
+class ApexAliasFinder(importlib.abc.MetaPathFinder):
+    """Resolves `apex`, `apex.*` and `amp_C` to apexlite.compat; records the aliases it creates."""
+
+    def __init__(self) -> None:
+        self.aliases: List[str] = []
+
+    def _publish_loaded(self) -> None:
+        """Alias every compat module already imported, so later imports hit sys.modules directly.
+
+        Doing this eagerly keeps package attributes intact: `apex.amp._amp_state` stays the state
+        object even after `import apex.amp._amp_state` (only a fresh load rebinds the attribute).
+        """
+        for module_name, module in list(sys.modules.items()):
+            alias = legacy_name(module_name)
+            if alias is not None and alias not in sys.modules:
+                sys.modules[alias] = module
+                self.aliases.append(alias)
+
+    def find_spec(self, name: str, path=None, target=None) -> Optional[importlib.machinery.ModuleSpec]:
+        real = target_name(name)
+        if real is None:
+            return None
+        parts = name.split(".")
+        if parts[0] == "apex" and len(parts) > 1 and parts[1] in UNSUPPORTED_AREAS:
+            module: types.ModuleType = UnsupportedModule(name, UNSUPPORTED_AREAS[parts[1]])
+        else:
+            try:
+                module = importlib.import_module(real)
+            except ModuleNotFoundError as error:
+                if error.name != real:
+                    raise
+                return None  # apex never had it either: a normal ImportError follows
+            self._publish_loaded()
+        self.aliases.append(name)
+        return importlib.machinery.ModuleSpec(name, _AliasLoader(module), is_package=hasattr(module, "__path__"))
+
+
+def install() -> ApexAliasFinder:
+    """Put the finder first on sys.meta_path (ahead of any installed apex) and return it."""
+    finder = ApexAliasFinder()
+    sys.meta_path.insert(0, finder)
+    return finder
+
+
+def uninstall(finder: ApexAliasFinder) -> None:
+    """Remove the finder and every alias it published."""
+    if finder in sys.meta_path:
+        sys.meta_path.remove(finder)
+    for alias in finder.aliases:
+        sys.modules.pop(alias, None)
+    finder.aliases.clear()
+
+
+@contextlib.contextmanager
+def apex_aliases() -> Iterator[ApexAliasFinder]:
+    """The hook for the duration of a block (tests, embedding); the runner installs it for good."""
+    finder = install()
+    saved: Dict[str, types.ModuleType] = {k: v for k, v in sys.modules.items() if target_name(k) is not None}
+    for key in saved:
+        del sys.modules[key]
+    try:
+        yield finder
+    finally:
+        uninstall(finder)
+        sys.modules.update(saved)

@@ -1,0 +1,110 @@
+"""`python -m apexlite run SCRIPT [ARGS...]` / `run -m MODULE [ARGS...]`: a legacy apex script, unchanged.
+
+The script runs in this process exactly as `python SCRIPT ARGS...` would run it (`__name__` is
+"__main__", `sys.argv` is [SCRIPT, *ARGS], the script's directory is `sys.path[0]`, its exit code
+and traceback are the process's), with the apex import hook installed first so `import apex` and
+`import amp_C` resolve to apexlite.compat. APEXLITE_OPT_LEVEL / APEXLITE_DTYPE in the environment
+are honoured by `amp.initialize`, so the opt level or dtype can change without editing the script.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from types import TracebackType
+from typing import List, Optional
+
+from apexlite._logging import get_logger
+from apexlite.compat import hook
+
+log = get_logger("runner")
+
+USAGE = """usage: python -m apexlite run SCRIPT [ARGS...]
+       python -m apexlite run -m MODULE [ARGS...]
+
+Runs a legacy apex script unchanged: `import apex` / `from apex import amp` / `import amp_C` resolve to
+apexlite. Environment: APEXLITE_OPT_LEVEL=O0..O3 and APEXLITE_DTYPE=float16|bfloat16 override what the
+script passes to amp.initialize; APEXLITE_TELEMETRY=FILE writes the run's statistics as JSON at exit."""
+
+
+def _user_frames(tb: Optional[TracebackType], origin: Optional[str]) -> Optional[TracebackType]:
+    """Drop the runner's own frames so the traceback starts where `python SCRIPT` would start it."""
+    if origin is None:
+        return tb
+    origin = os.path.realpath(origin)
+    current = tb
+    while current is not None:
+        if os.path.realpath(current.tb_frame.f_code.co_filename) == origin:
+            return current
+        current = current.tb_next
+    return tb
+
+
+def _report_exception(error: BaseException, origin: Optional[str]) -> int:
+    """Print the traceback through sys.excepthook (as the interpreter does); exit status 1."""
+    tb = _user_frames(error.__traceback__, origin)
+    sys.excepthook(type(error), error.with_traceback(tb), tb)
+    return 1
+
+
+def _origin_of_module(name: str) -> Optional[str]:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is not None and spec.submodule_search_locations is not None:
+        spec = importlib.util.find_spec(name + ".__main__")
+    return spec.origin if spec is not None else None
+
+
+def run_script(path: str, args: List[str]) -> int:
+    """Run the file at `path` as __main__ with the hook installed; returns the exit status."""
+    if not os.path.exists(path):
+        sys.stderr.write(f"apexlite run: can't open file {path!r}: [Errno 2] No such file or directory\n")
+        return 2
+    sys.argv = [path, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(path))
+    hook.install()
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as error:  # noqa: B902 -- every other error ends the run as in `python SCRIPT`
+        return _report_exception(error, path)
+    return 0
+
+
+def run_module(name: str, args: List[str]) -> int:
+    """Run module `name` as __main__ (like `python -m name`) with the hook installed."""
+    hook.install()
+    sys.argv = [name, *args]  # runpy replaces argv[0] with the module's path, as `python -m` does
+    sys.path[0] = os.getcwd()
+    origin = _origin_of_module(name)
+    try:
+        runpy.run_module(name, run_name="__main__", alter_sys=True)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except ImportError as error:
+        if origin is None:
+            sys.stderr.write(f"apexlite run: No module named {name!r} ({error})\n")
+            return 1
+        return _report_exception(error, origin)
+    except BaseException as error:  # noqa: B902
+        return _report_exception(error, origin)
+    return 0
+
+
+def main(argv: List[str]) -> int:
+    """Entry point of `python -m apexlite run`."""
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(USAGE + "\n")
+        return 0 if argv else 2
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            sys.stderr.write("apexlite run: -m needs a module name\n" + USAGE + "\n")
+            return 2
+        return run_module(argv[1], argv[2:])
+    return run_script(argv[0], argv[1:])

@@ -1,0 +1,163 @@
+"""Code run inside the spawned ranks (and, for references, in the test process itself).
+
+Models and data are tiny and seeded; every rank trains on its half of each global batch, the
+single-process reference on the whole batch, so DDP's averaged gradient equals the reference's.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from apexlite import amp
+from apexlite.parallel import DistributedDataParallel, sync_overflow
+
+GLOBAL_BATCH = 8
+STEPS = 4
+# A rank's half batch doubles each sample's share of the mean loss, so at 2**16 its fp16 backward
+# can overflow where the full-batch reference does not; a lower ceiling keeps both overflow-free.
+AMP_KWARGS = dict(verbosity=0, max_loss_scale=2.0 ** 12)
+
+
+def tiny_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def batches(steps: int = STEPS, seed: int = 1) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(GLOBAL_BATCH, 4, generator=gen), torch.randn(GLOBAL_BATCH, 2, generator=gen))
+            for _ in range(steps)]
+
+
+def shard(batch: Tuple[torch.Tensor, torch.Tensor], rank: int, world: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    size = GLOBAL_BATCH // world
+    return tuple(t[rank * size:(rank + 1) * size] for t in batch)
+
+
+def fp32_params(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """Params as fp32 copies (the amp state-dict hook makes O2/O3 state dicts fp32)."""
+    module = getattr(model, "module", model)
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def train_step(model, optimizer, x, y) -> float:
+    loss = torch.nn.functional.mse_loss(model(x).float(), y)
+    with amp.scale_loss(loss, optimizer) as scaled:
+        scaled.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss.item()
+
+
+def single_process_run(opt_level: str, steps: int = STEPS) -> Dict[str, torch.Tensor]:
+    """The reference: one process, the full batch, the same opt level."""
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level, **AMP_KWARGS)
+    try:
+        for x, y in batches(steps):
+            train_step(model, optimizer, x, y)
+        return fp32_params(model)
+    finally:
+        amp.deinitialize()
+
+
+def ddp_opt_levels(rank: int, world: int, levels: List[str]) -> Dict[str, Dict[str, torch.Tensor]]:
+    """Each level under torch's DDP; O2 also under apexlite's DDP with a different init per rank."""
+    out = {}
+    for level in levels:
+        model = tiny_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model, optimizer = amp.initialize(model, optimizer, opt_level=level, **AMP_KWARGS)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        for batch in batches():
+            train_step(ddp, optimizer, *shard(batch, rank, world))
+        out[level] = fp32_params(ddp)
+        amp.deinitialize()
+    # O2 masters are built per rank inside amp.initialize; apexlite's DDP broadcasts rank 0's
+    model = tiny_model(seed=rank)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", **AMP_KWARGS)
+    ddp = DistributedDataParallel(model)
+    for batch in batches():
+        train_step(ddp, optimizer, *shard(batch, rank, world))
+    out["O2-rank-seeded"] = fp32_params(ddp)
+    out["O2-rank-seeded-masters"] = [p.detach().clone() for p in amp.master_params(optimizer)]
+    amp.deinitialize()
+    return out
+
+
+def _overflow_step(ddp, optimizer, x, y, inject_rank: Optional[int], rank: int) -> dict:
+    """One step; `inject_rank` puts an inf into its own grad after backward (a local-only overflow)."""
+    before = fp32_params(ddp)
+    loss = torch.nn.functional.mse_loss(ddp(x).float(), y)
+    with amp.scale_loss(loss, optimizer) as scaled:
+        scaled.backward()
+        if rank == inject_rank:
+            next(ddp.parameters()).grad.view(-1)[0] = float("inf")
+    optimizer.step()
+    optimizer.zero_grad()
+    after = fp32_params(ddp)
+    return dict(stepped=any(not torch.equal(before[k], after[k]) for k in before),
+                unchanged=all(torch.equal(before[k], after[k]) for k in before),
+                scale=amp.state_dict()["loss_scaler0"]["loss_scale"])
+
+
+def ddp_overflow(rank: int, world: int, level: str) -> Dict[str, dict]:
+    """Local-only overflow with and without the flag all-reduce, and an overflowing loss on one rank."""
+    out = {}
+    for case in ("grad-inf-synced", "grad-inf-unsynced", "loss-inf-unsynced"):
+        model = tiny_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = amp.initialize(model, optimizer, opt_level=level, verbosity=0)
+        if case.endswith("unsynced"):
+            sync_overflow(enabled=False)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        x, y = shard(batches(1)[0], rank, world)
+        if case == "loss-inf-unsynced" and rank == 1:
+            x = x.clone()
+            x[0, 0] = float("inf")
+        inject = 1 if case.startswith("grad-inf") else None
+        out[case] = _overflow_step(ddp, optimizer, x, y, inject, rank)
+        out[case]["next"] = _overflow_step(ddp, optimizer, x.nan_to_num(posinf=0.0), y, None, rank)
+        amp.deinitialize()
+    return out
+
+
+def ddp_checkpoint(rank: int, world: int, path: str) -> dict:
+    """O2 under apexlite DDP: an overflow (scale changes), checkpoint from rank 0, resume everywhere."""
+    data = batches(6)
+
+    def build():
+        model = tiny_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0)
+        return DistributedDataParallel(model), optimizer
+
+    ddp, optimizer = build()
+    _overflow_step(ddp, optimizer, *shard(data[0], rank, world), inject_rank=1, rank=rank)
+    for batch in data[1:3]:
+        train_step(ddp, optimizer, *shard(batch, rank, world))
+    if rank == 0:
+        torch.save({"model": ddp.module.state_dict(), "optimizer": optimizer.state_dict(),
+                    "amp": amp.state_dict()}, path)
+    for batch in data[3:]:
+        train_step(ddp, optimizer, *shard(batch, rank, world))
+    uninterrupted = fp32_params(ddp)
+    scale_saved = amp.state_dict()["loss_scaler0"]["loss_scale"]
+    amp.deinitialize()
+    dist.barrier()
+
+    ddp, optimizer = build()
+    checkpoint = torch.load(path, map_location="cpu")
+    ddp.module.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    amp.load_state_dict(checkpoint["amp"])
+    loaded_scale = amp.state_dict()["loss_scaler0"]
+    for batch in data[3:]:
+        train_step(ddp, optimizer, *shard(batch, rank, world))
+    resumed = fp32_params(ddp)
+    amp.deinitialize()
+    return dict(uninterrupted=uninterrupted, resumed=resumed, loaded_scale=loaded_scale, scale=scale_saved)

@@ -1,0 +1,62 @@
+"""apexlite O0-O3 under real 2-rank DDP (gloo): parity with one process, overflow agreement, checkpoints."""
+from __future__ import annotations
+
+import torch
+
+from tests._helpers.tolerances import dtype_tols
+from tests.parallel import _workers
+from tests.parallel._launch import run_ranks
+
+LEVELS = ["O0", "O1", "O2", "O3"]
+# O3 trains fp16 params; two processes sum the batch in a different order than one
+LEVEL_TOLS = {"O0": dtype_tols(torch.float32), "O1": dtype_tols(torch.float16),
+              "O2": dtype_tols(torch.float16), "O3": dict(rtol=1e-2, atol=1e-2)}
+
+
+def _assert_close_dicts(actual, expected, **tols):
+    assert actual.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(actual[key], expected[key], **tols, msg=lambda m: f"{key}: {m}")
+
+
+def _assert_equal_dicts(a, b):
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_ddp_opt_levels_match_single_process_and_agree_across_ranks():
+    ranks = run_ranks(_workers.ddp_opt_levels, LEVELS, timeout=60)
+    for level in LEVELS:
+        _assert_equal_dicts(ranks[0][level], ranks[1][level])
+        reference = _workers.single_process_run(level)
+        _assert_close_dicts(ranks[0][level], reference, **LEVEL_TOLS[level])
+    # different init per rank: after apexlite's DDP, both the model and the fp32 masters are rank 0's
+    _assert_equal_dicts(ranks[0]["O2-rank-seeded"], ranks[1]["O2-rank-seeded"])
+    for m0, m1 in zip(ranks[0]["O2-rank-seeded-masters"], ranks[1]["O2-rank-seeded-masters"]):
+        assert torch.equal(m0, m1)
+    _assert_close_dicts(ranks[0]["O2-rank-seeded"], ranks[0]["O2"], **LEVEL_TOLS["O2"])
+
+
+def test_one_rank_overflow_skips_on_every_rank():
+    ranks = run_ranks(_workers.ddp_overflow, "O1", timeout=60)
+    synced = [r["grad-inf-synced"] for r in ranks]
+    # the inf was put into rank 1's grad only, after DDP's all-reduce: the flag all-reduce spreads it
+    assert all(r["unchanged"] for r in synced)
+    assert [r["scale"] for r in synced] == [2.0 ** 15, 2.0 ** 15]
+    assert all(r["next"]["stepped"] for r in synced)
+    # without the flag all-reduce the decisions split: what the all-reduce is for
+    unsynced = [r["grad-inf-unsynced"] for r in ranks]
+    assert unsynced[0]["stepped"] and unsynced[1]["unchanged"]
+    assert [r["scale"] for r in unsynced] == [2.0 ** 16, 2.0 ** 15]
+    # an overflowing LOSS on rank 1 reaches every rank through DDP's gradient average itself
+    loss_inf = [r["loss-inf-unsynced"] for r in ranks]
+    assert all(r["unchanged"] for r in loss_inf)
+    assert [r["scale"] for r in loss_inf] == [2.0 ** 15, 2.0 ** 15]
+
+
+def test_checkpoint_from_rank0_resumes_every_rank(tmp_path):
+    ranks = run_ranks(_workers.ddp_checkpoint, str(tmp_path / "ckpt.pt"), timeout=60)
+    for result in ranks:
+        assert result["loaded_scale"] == {"loss_scale": 2.0 ** 15, "unskipped": 2}
+        _assert_equal_dicts(result["resumed"], result["uninterrupted"])
+    _assert_equal_dicts(ranks[0]["resumed"], ranks[1]["resumed"])

@@ -1,0 +1,263 @@
+"""O2/O3: fp32 masters against an fp32 torch.optim reference, batchnorm dtypes, multi-loss skips, checkpoints."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from apexlite import amp
+from apexlite.amp.session import current_session
+from tests._helpers.tolerances import dtype_tols
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(autouse=True)
+def _teardown():
+    yield
+    amp.deinitialize()
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("opt_cls", [torch.optim.SGD, torch.optim.Adam], ids=lambda c: c.__name__)
+def test_o2_masters_track_an_fp32_reference(low, opt_cls):
+    torch.manual_seed(0)
+    model = mlp()
+    reference = mlp()
+    reference.load_state_dict(model.state_dict())
+    kwargs = dict(lr=1e-2, momentum=0.9) if opt_cls is torch.optim.SGD else dict(lr=1e-3)
+    opt, ref_opt = opt_cls(model.parameters(), **kwargs), opt_cls(reference.parameters(), **kwargs)
+    model, opt = amp.initialize(model, opt, opt_level="O2", dtype=low, verbosity=0, loss_scale=128.0)
+    assert model[0].weight.dtype is low and model[1].weight.dtype is torch.float32
+    assert model[1].running_mean.dtype is torch.float32
+    for step in range(7):
+        x = torch.randn(6, 4)
+        with amp.scale_loss(model(x).pow(2).mean(), opt) as scaled:
+            scaled.backward()
+        opt.step()
+        opt.zero_grad()
+        reference(x).pow(2).mean().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    masters = list(amp.master_params(opt))
+    assert all(m.dtype is torch.float32 for m in masters)
+    tols = {torch.float16: dict(rtol=5e-3, atol=5e-3), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}[low]
+    for master, ref in zip(masters, reference.parameters()):
+        torch.testing.assert_close(master, ref.detach(), **tols)
+    for param, master in zip(model.parameters(), masters):
+        assert torch.equal(param, master.to(param.dtype))
+    assert all(v.dtype is torch.float32 for k, v in model.state_dict().items() if k != "1.num_batches_tracked")
+
+
+def test_o3_is_pure_low_precision_and_keep_batchnorm_override():
+    model = mlp()
+    amp.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O3", verbosity=0)
+    assert model[1].weight.dtype is torch.float16
+    amp.deinitialize()
+    model = mlp()
+    amp.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O3",
+                   keep_batchnorm_fp32=True, verbosity=0)
+    assert model[1].weight.dtype is torch.float32 and model[0].weight.dtype is torch.float16
+
+
+def test_o0_is_bit_identical_to_plain_fp32():
+    torch.manual_seed(0)
+    model, reference = mlp(), mlp()
+    reference.load_state_dict(model.state_dict())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    model, opt = amp.initialize(model, opt, opt_level="O0", verbosity=0)
+    for _ in range(5):
+        x = torch.randn(6, 4)
+        with amp.scale_loss(model(x).pow(2).mean(), opt) as scaled:
+            scaled.backward()
+        opt.step()
+        opt.zero_grad()
+        reference(x).pow(2).mean().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(a, b)
+
+
+class Pair(torch.nn.Module):
+    def __init__(self, seed):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.arange(2.0) + seed)
+
+    def forward(self, x):
+        return (x * self.w).sum()
+
+
+@pytest.mark.parametrize("poison_loss", [0, 1])
+@pytest.mark.parametrize("opt_level", ["O1", "O2"])
+def test_two_optimizers_two_losses_skip_only_the_poisoned_optimizer(poison_loss, opt_level):
+    models = [Pair(0), Pair(1), Pair(2)]
+    opt0 = torch.optim.SGD(list(models[0].parameters()) + list(models[1].parameters()), lr=0.25)
+    opt1 = torch.optim.SGD(models[2].parameters(), lr=0.5)
+    amp.initialize(models, [opt0, opt1], opt_level=opt_level, num_losses=2, verbosity=0)
+    scalers = current_session().loss_scalers
+    scalers[0]._loss_scale, scalers[1]._loss_scale = 4.0, 16.0  # as apex's tests: small, so fp16 grads stay finite
+    before = [m.w.detach().clone() for m in models]
+    x = torch.ones(2)
+    loss0 = models[0](x) + models[1](x)
+    loss1 = models[2](x) + models[1](x)
+    with amp.scale_loss(loss0, opt0, loss_id=0) as scaled:
+        scaled.backward()
+        if poison_loss == 0:
+            models[0].w.grad[0] = float("inf")
+    with amp.scale_loss(loss1, [opt0, opt1], loss_id=1) as scaled:
+        scaled.backward()
+        if poison_loss == 1:
+            models[2].w.grad[0] = float("inf")
+    opt0.step()
+    opt1.step()
+    changed = [not torch.equal(b, m.w.detach()) for b, m in zip(before, models)]
+    # loss0 -> opt0 only; loss1 -> both optimizers
+    assert changed == ([False, False, True] if poison_loss == 0 else [False, False, False])
+    assert [s.loss_scale() for s in scalers] == ([2.0, 16.0] if poison_loss == 0 else [4.0, 8.0])
+
+
+def test_gradient_accumulation_and_clipping_see_real_values_under_o2():
+    torch.manual_seed(0)
+    model = mlp()
+    reference = mlp()
+    reference.load_state_dict(model.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0, loss_scale=1024.0)
+    xs = [torch.randn(6, 4) for _ in range(3)]
+    for i, x in enumerate(xs):
+        with amp.scale_loss(model(x).pow(2).mean(), opt, delay_unscale=i < 2) as scaled:
+            scaled.backward()
+    norm = torch.nn.utils.clip_grad_norm_(amp.master_params(opt), 1e9)
+    for x in xs:
+        reference(x).pow(2).mean().backward()
+    ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 1e9)
+    torch.testing.assert_close(norm, ref_norm, rtol=2e-2, atol=1e-3)
+
+
+def test_add_param_group_after_initialize_gets_masters():
+    first, second = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+    holder = torch.nn.Sequential(first, second)
+    opt = torch.optim.SGD(first.parameters(), lr=0.1)
+    amp.initialize(holder, opt, opt_level="O2", verbosity=0)
+    opt.add_param_group({"params": second.parameters(), "lr": 0.5})
+    masters = list(amp.master_params(opt))
+    assert len(masters) == 4 and all(m.dtype is torch.float32 for m in masters)
+    with amp.scale_loss(holder(torch.randn(2, 3)).sum(), opt) as scaled:
+        scaled.backward()
+    opt.step()
+    assert torch.equal(second.weight, masters[2].half())
+
+
+def test_sparse_grads_under_o2_are_refused():
+    model = torch.nn.Embedding(5, 3, sparse=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    with pytest.raises(RuntimeError, match="sparse"):
+        with amp.scale_loss(model(torch.tensor([1, 2])).float().sum(), opt) as scaled:
+            scaled.backward()
+
+
+# Pure bf16 (O3 with bfloat16, no master weights) lags fp32 by ~28% on this task: that is what O2's
+# masters are for, so it is not among the cases held to the 15% bound.
+@pytest.mark.parametrize("opt_level,low", [("O0", torch.float16), ("O1", torch.float16), ("O2", torch.float16),
+                                           ("O3", torch.float16), ("O1", torch.bfloat16), ("O2", torch.bfloat16)],
+                         ids=str)
+def test_small_regression_trains_close_to_fp32(opt_level, low):
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    y = x @ torch.randn(8, 1) + 0.1 * torch.randn(256, 1)
+
+    def train(level):
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-4)  # eps representable in fp16 (O3)
+        if level:
+            model, opt = amp.initialize(model, opt, opt_level=level, dtype=low, verbosity=0)
+        for _ in range(150):
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
+            if level:
+                with amp.scale_loss(loss, opt) as scaled:
+                    scaled.backward()
+            else:
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+        final = torch.nn.functional.mse_loss(model(x).float(), y).item()
+        if level:
+            amp.deinitialize()
+        return final
+
+    fp32, mixed = train(None), train(opt_level)
+    assert mixed <= fp32 * 1.15 + 1e-3, (opt_level, mixed, fp32)
+
+
+RESUME_SCRIPT = textwrap.dedent('''
+    import sys, torch
+    from apexlite import amp
+    level, phase, path = sys.argv[1], sys.argv[2], sys.argv[3]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-4)
+    model, opt = amp.initialize(model, opt, opt_level=level, verbosity=0)
+    # batch 2 overflows fp16 grads at the dynamic levels' initial scale (a skipped step mid-run)
+    poison = 300.0 if level in ("O1", "O2") else 1.0
+    data = [torch.randn(6, 4, generator=torch.Generator().manual_seed(i)) * (poison if i == 2 else 1.0) for i in range(8)]
+    def step(x):
+        with amp.scale_loss(model(x).pow(2).mean(), opt) as scaled:
+            scaled.backward()
+        opt.step(); opt.zero_grad()
+    if phase == "resume":
+        ckpt = torch.load(path)
+        model.load_state_dict(ckpt["model"]); opt.load_state_dict(ckpt["optimizer"]); amp.load_state_dict(ckpt["amp"])
+        steps = data[4:]
+    else:
+        steps = data
+    for i, x in enumerate(steps):
+        step(x)
+        if phase == "save" and i == 3:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "amp": amp.state_dict()}, path)
+    torch.save({"params": [p.detach().clone() for p in model.parameters()],
+                "masters": [m.detach().clone() for m in amp.master_params(opt)], "amp": amp.state_dict()},
+               path + "." + phase + ".final")
+''')
+
+
+@pytest.mark.parametrize("opt_level", ["O0", "O1", "O2", "O3"])
+def test_checkpoint_resume_in_a_fresh_process_is_bit_identical(opt_level, tmp_path):
+    script = tmp_path / "resume.py"
+    script.write_text(RESUME_SCRIPT)
+    ckpt = str(tmp_path / "ckpt.pt")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    for phase in ("save", "resume"):
+        subprocess.run([sys.executable, str(script), opt_level, phase, ckpt], check=True, env=env, timeout=120)
+    full, resumed = torch.load(ckpt + ".save.final"), torch.load(ckpt + ".resume.final")
+    assert full["amp"] == resumed["amp"]
+    for key in ("params", "masters"):
+        for a, b in zip(full[key], resumed[key]):
+            assert a.dtype is b.dtype and torch.equal(a, b)
+
+
+def test_o2_loads_an_apex_checkpoint_without_masters():
+    """apex's optimizer state_dict has no master weights: they are rebuilt from the loaded model."""
+    torch.manual_seed(0)
+    source = mlp()
+    saved_model = source.state_dict()
+    saved_opt = torch.optim.SGD(source.parameters(), lr=0.1, momentum=0.9).state_dict()
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    model.load_state_dict(saved_model)
+    opt.load_state_dict(saved_opt)
+    amp.load_state_dict({"loss_scaler0": {"loss_scale": 512.0, "unskipped": 5}})
+    for master, (name, _) in zip(amp.master_params(opt), model.named_parameters()):
+        value = saved_model[name]
+        assert torch.equal(master, value if name.startswith("1.") else value.half().float())
+    assert current_session().loss_scalers[0].state_dict() == {"loss_scale": 512.0, "unskipped": 5}

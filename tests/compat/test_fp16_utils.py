@@ -1,0 +1,145 @@
+"""apex.fp16_utils against fp32 training and apex's documented behaviour."""
+import copy
+import pickle
+
+import pytest
+import torch
+
+from apexlite.compat.apex import fp16_utils as fu
+
+
+def _model():
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def _data(step):
+    gen = torch.Generator().manual_seed(step)
+    return torch.randn(16, 6, generator=gen), torch.randn(16, 2, generator=gen)
+
+
+def test_network_to_half_keeps_batchnorm_fp32_and_prefixes_keys():
+    net = fu.network_to_half(_model())
+    assert isinstance(net[0], fu.tofp16)
+    assert net[1][0].weight.dtype is torch.float16
+    assert net[1][1].weight.dtype is torch.float32
+    assert "1.0.weight" in net.state_dict()
+    assert net(torch.randn(4, 6)).dtype is torch.float16
+
+
+def test_fp16_model_casts_inputs_and_network():
+    model = fu.FP16Model(_model())
+    assert fu.FP16_Module is fu.FP16Model
+    assert model.network[0].weight.dtype is torch.float16 and model.network[1].weight.dtype is torch.float32
+    assert model(torch.randn(4, 6)).dtype is torch.float16
+
+
+def test_master_param_helpers_round_trip():
+    model = _model().half()
+    model_params, masters = fu.prep_param_lists(model)
+    assert all(m.dtype is torch.float32 and m.requires_grad for m in masters)
+    x, y = _data(0)
+    torch.nn.functional.mse_loss(model(x.half()).float(), y).backward()
+    fu.model_grads_to_master_grads(model_params, masters)
+    for p, m in zip(model_params, masters):
+        torch.testing.assert_close(m.grad, p.grad.float())
+        m.data.add_(1.0)
+    fu.master_params_to_model_params(model_params, masters)
+    for p, m in zip(model_params, masters):
+        torch.testing.assert_close(p.float(), m.detach(), atol=1e-2, rtol=1e-3)
+    _, flat = fu.prep_param_lists(model, flat_master=True)
+    assert len(flat) == 1 and flat[0].numel() == sum(p.numel() for p in model_params)
+
+
+def test_to_python_float_and_clip_alias():
+    assert fu.to_python_float(torch.tensor(2.5)) == 2.5
+    assert fu.to_python_float([3.0]) == 3.0
+    assert fu.clip_grad_norm is torch.nn.utils.clip_grad_norm_
+
+
+def test_fp16_optimizer_tracks_fp32_training():
+    torch.manual_seed(0)
+    ref = _model()
+    half = copy.deepcopy(ref)
+    fu.BN_convert_float(half.half())
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    opt = fu.FP16_Optimizer(torch.optim.SGD(half.parameters(), lr=0.05, momentum=0.9), static_loss_scale=128.0,
+                            verbose=False)
+    for step in range(5):
+        x, y = _data(step)
+        opt_ref.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        opt_ref.step()
+        opt.zero_grad()
+        opt.backward(torch.nn.functional.mse_loss(half(x.half()).float(), y))
+        opt.step()
+    for p_half, p_ref in zip(half.parameters(), ref.parameters()):
+        torch.testing.assert_close(p_half.float(), p_ref, atol=2e-2, rtol=2e-2)
+    masters = opt.state_dict()["fp32_from_fp16"][0]
+    assert all(m.dtype is torch.float32 for m in masters)
+    assert opt.param_groups[0]["params"][0] is masters[0]
+
+
+def test_fp16_optimizer_skips_overflow_and_halves_dynamic_scale():
+    model = torch.nn.Linear(3, 1).half()
+    opt = fu.FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), dynamic_loss_scale=True, verbose=False)
+    assert opt.loss_scale == 2.0 ** 16
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.backward(model(torch.full((2, 3), 1e4, dtype=torch.float16)).float().sum())  # overflows fp16 grads
+    assert opt.overflow
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert opt.loss_scale == 2.0 ** 15
+    assert opt.clip_master_grads(1.0) == -1
+
+
+def test_fp16_optimizer_state_dict_round_trip_and_pickle_refusal():
+    model = torch.nn.Linear(3, 2).half()
+    opt = fu.FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), static_loss_scale=8.0, verbose=False)
+    opt.backward(model(torch.randn(4, 3).half()).float().sum())
+    opt.step()
+    state = opt.state_dict()
+    assert set(state) == {"loss_scaler", "dynamic_loss_scale", "overflow", "first_closure_call_this_step",
+                          "optimizer_state_dict", "fp32_from_fp16"}
+    other_model = torch.nn.Linear(3, 2).half()
+    other = fu.FP16_Optimizer(torch.optim.SGD(other_model.parameters(), lr=0.1), verbose=False)
+    other.load_state_dict(state)
+    assert other.loss_scale == 8.0
+    for a, b in zip(other_model.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(RuntimeError, match="serialized using state_dict"):
+        pickle.dumps(opt)
+
+
+def test_fp16_optimizer_closure_steps():
+    model = torch.nn.Linear(3, 1).half()
+    opt = fu.FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), static_loss_scale=4.0, verbose=False)
+    x = torch.randn(5, 3).half()
+    before = model.weight.detach().float().clone()
+
+    def closure():
+        opt.zero_grad()
+        loss = model(x).float().sum()
+        opt.backward(loss)
+        return loss
+
+    opt.step(closure)
+    torch.testing.assert_close(model.weight.float(), before - 0.1 * x.float().sum(0, keepdim=True),
+                               atol=1e-2, rtol=1e-2)
+
+
+def test_old_standalone_loss_scalers():
+    static = fu.LossScaler(4)
+    assert static.loss_scale == 4 and not static.has_overflow([])
+    dyn = fu.DynamicLossScaler(init_scale=8, scale_factor=2, scale_window=2)
+    p = torch.zeros(2, requires_grad=True)
+    p.grad = torch.tensor([1.0, float("inf")])
+    assert dyn.has_overflow([p])
+    dyn.update_scale(True)
+    assert dyn.loss_scale == 4
+    dyn.update_scale(False)  # one clean iteration since the overflow
+    assert dyn.loss_scale == 4
+    dyn.update_scale(False)  # second: window reached
+    assert dyn.loss_scale == 8
+    x = torch.ones(2, requires_grad=True)
+    dyn.backward((x * 3).sum())
+    torch.testing.assert_close(x.grad, torch.full((2,), 24.0))

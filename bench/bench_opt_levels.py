@@ -1,0 +1,135 @@
+"""O0-O3 on a small transformer (CPU): step time vs O0 and vs torch.autocast, peak memory, bytes/param.
+
+    python bench/bench_opt_levels.py [--rounds 5] [--write BENCHMARKS.md]
+
+Bytes per parameter count what training holds right after backward (the peak between backward and
+step): model params + model grads + fp32 masters + master grads + optimizer state.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import platform
+import statistics
+from datetime import date
+from typing import Dict, List
+
+import torch
+import torch.nn.functional as F
+
+from apexlite import amp
+from bench.bench_o1 import timed
+from bench.report import replace_block
+
+D_MODEL, HEADS, LAYERS, SEQ, BATCH, VOCAB = 64, 4, 2, 32, 8, 128
+
+
+class TinyTransformer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, D_MODEL)
+        layer = torch.nn.TransformerEncoderLayer(D_MODEL, HEADS, 4 * D_MODEL, dropout=0.0, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(D_MODEL, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens)))
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def bytes_per_param(model: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
+    params = list(model.parameters())
+    stepped = [p for group in opt.param_groups for p in group["params"]]
+    masters = [p for p in stepped if all(p is not q for q in params)]
+    state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim()]
+    total = (tensor_bytes(params) + tensor_bytes(p.grad for p in params) + tensor_bytes(masters)
+             + tensor_bytes(m.grad for m in masters) + tensor_bytes(state))
+    return total / sum(p.numel() for p in params)
+
+
+def run(rounds: int, steps: int) -> Dict[str, Dict[str, float]]:
+    torch.manual_seed(0)
+    base = TinyTransformer()
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
+    targets = torch.randint(0, VOCAB, (BATCH, SEQ))
+    results: Dict[str, Dict[str, List[float]]] = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        for level in ("O0", "O1", "O2", "O3", "autocast"):
+            key = f"{level} {str(dtype)[6:]}"
+            model = copy.deepcopy(base)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-4, eps=1e-4)
+            scaler = torch.amp.GradScaler("cpu") if dtype is torch.float16 else None
+
+            def apex_step():
+                loss = F.cross_entropy(model(tokens).float().flatten(0, 1), targets.flatten())
+                with amp.scale_loss(loss, opt) as scaled:
+                    scaled.backward()
+                opt.step()
+                opt.zero_grad()
+
+            def autocast_step():
+                with torch.autocast("cpu", dtype=dtype):
+                    loss = F.cross_entropy(model(tokens).float().flatten(0, 1), targets.flatten())
+                (scaler.scale(loss) if scaler else loss).backward()
+                if scaler:
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    opt.step()
+                opt.zero_grad()
+
+            times = []
+            for _ in range(rounds):
+                if level == "autocast":
+                    times.append(timed(autocast_step, steps))
+                    continue
+                amp.initialize(model, opt, opt_level=level, dtype=dtype, verbosity=0)
+                try:
+                    times.append(timed(apex_step, steps))
+                    loss = F.cross_entropy(model(tokens).float().flatten(0, 1), targets.flatten())
+                    with amp.scale_loss(loss, opt) as scaled:
+                        scaled.backward()
+                    per_param = bytes_per_param(model, opt)
+                    opt.zero_grad()
+                finally:
+                    amp.deinitialize()
+                if level in ("O2", "O3"):
+                    break  # the model is cast now: one round measures it (later rounds would re-cast)
+            results[key] = {"ms": statistics.median(times) * 1e3,
+                            "bytes": per_param if level != "autocast" else float("nan")}
+    return results
+
+
+def render(results: Dict[str, Dict[str, float]], rounds: int) -> str:
+    lines = [
+        f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
+        f"date {date.today().isoformat()}; command `python bench/bench_opt_levels.py --rounds {rounds}`. "
+        f"Model: {LAYERS}-layer transformer encoder, d_model {D_MODEL}, seq {SEQ}, batch {BATCH}, Adam.",
+        "", "| run | step ms (median) | vs O0 | vs torch.autocast (same dtype) | bytes/param after backward |",
+        "|---|---|---|---|---|",
+    ]
+    for key, res in results.items():
+        dtype = key.split()[1]
+        o0, ac = results[f"O0 {dtype}"]["ms"], results[f"autocast {dtype}"]["ms"]
+        b = "" if res["bytes"] != res["bytes"] else f"{res['bytes']:.1f}"
+        lines.append(f"| {key} | {res['ms']:.2f} | {res['ms'] / o0:.2f} | {res['ms'] / ac:.2f} | {b} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--write", metavar="FILE")
+    args = parser.parse_args()
+    text = render(run(args.rounds, args.steps), args.rounds)
+    print(text)
+    if args.write:
+        replace_block(args.write, "opt-levels", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -59,45 +59,44 @@ def run(rounds: int, steps: int) -> Dict[str, Dict[str, float]]:
     for dtype in (torch.bfloat16, torch.float16):
         for level in ("O0", "O1", "O2", "O3", "autocast"):
             key = f"{level} {str(dtype)[6:]}"
-            model = copy.deepcopy(base)
-            opt = torch.optim.Adam(model.parameters(), lr=1e-4, eps=1e-4)
-            scaler = torch.amp.GradScaler("cpu") if dtype is torch.float16 else None
-
-            def apex_step():
-                loss = F.cross_entropy(model(tokens).float().flatten(0, 1), targets.flatten())
-                with amp.scale_loss(loss, opt) as scaled:
-                    scaled.backward()
-                opt.step()
-                opt.zero_grad()
-
-            def autocast_step():
-                with torch.autocast("cpu", dtype=dtype):
-                    loss = F.cross_entropy(model(tokens).float().flatten(0, 1), targets.flatten())
-                (scaler.scale(loss) if scaler else loss).backward()
-                if scaler:
-                    scaler.step(opt)
-                    scaler.update()
-                else:
-                    opt.step()
-                opt.zero_grad()
-
             times = []
-            for _ in range(rounds):
+            for _ in range(rounds):  # a fresh model each round: O2/O3 cast it for good
+                model = copy.deepcopy(base)
+                opt = torch.optim.Adam(model.parameters(), lr=1e-4, eps=1e-4)
+                scaler = torch.amp.GradScaler("cpu") if dtype is torch.float16 else None
+
+                def loss_fn():
+                    return F.cross_entropy(model(tokens).float().flatten(0, 1), targets.flatten())
+
+                def apex_step():
+                    with amp.scale_loss(loss_fn(), opt) as scaled:
+                        scaled.backward()
+                    opt.step()
+                    opt.zero_grad()
+
+                def autocast_step():
+                    with torch.autocast("cpu", dtype=dtype):
+                        loss = loss_fn()
+                    (scaler.scale(loss) if scaler else loss).backward()
+                    if scaler:
+                        scaler.step(opt)
+                        scaler.update()
+                    else:
+                        opt.step()
+                    opt.zero_grad()
+
                 if level == "autocast":
                     times.append(timed(autocast_step, steps))
                     continue
                 amp.initialize(model, opt, opt_level=level, dtype=dtype, verbosity=0)
                 try:
                     times.append(timed(apex_step, steps))
-                    loss = F.cross_entropy(model(tokens).float().flatten(0, 1), targets.flatten())
-                    with amp.scale_loss(loss, opt) as scaled:
+                    with amp.scale_loss(loss_fn(), opt) as scaled:
                         scaled.backward()
                     per_param = bytes_per_param(model, opt)
                     opt.zero_grad()
                 finally:
                     amp.deinitialize()
-                if level in ("O2", "O3"):
-                    break  # the model is cast now: one round measures it (later rounds would re-cast)
             results[key] = {"ms": statistics.median(times) * 1e3,
                             "bytes": per_param if level != "autocast" else float("nan")}
     return results

@@ -199,3 +199,25 @@ def test_delay_unscale_accumulates_and_step_too_early_is_an_error():
         amp.deinitialize()
     for a, p in zip(accumulated, model.parameters()):
         torch.testing.assert_close(a, p.grad, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("low,loss_scale", [(torch.float16, "dynamic"), (torch.bfloat16, 1.0), (torch.bfloat16, 256.0)],
+                         ids=str)
+def test_o1_grads_after_scale_loss_match_fp32_reference_grads(low, loss_scale):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    reference.load_state_dict(model.state_dict())
+    x, y = torch.randn(16, 4), torch.randn(16, 2)
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level="O1", dtype=low, loss_scale=loss_scale, verbosity=0)
+    try:
+        with amp.scale_loss(torch.nn.functional.mse_loss(model(x), y), opt) as scaled:
+            scaled.backward()
+    finally:
+        amp.deinitialize()
+    tols = {torch.float16: dict(rtol=5e-3, atol=1e-3), torch.bfloat16: dict(rtol=4e-2, atol=1e-2)}[low]
+    for p, r in zip(model.parameters(), reference.parameters()):
+        assert p.grad.dtype is torch.float32
+        torch.testing.assert_close(p.grad, r.grad, **tols)

@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "initialize", "deinitialize", "scale_loss", "disable_casts", "state_dict", "load_state_dict",
-    "master_params", "half_function", "float_function", "promote_function", "register_half_function",
+    "master_params", "_amp_state", "half_function", "float_function", "promote_function", "register_half_function",
     "register_float_function", "register_promote_function", "AmpConfigError", "AmpStateError",
     "AmpUsageError",
 ]

@@ -14,7 +14,7 @@ NOTE [O2 grad ownership]
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -172,6 +172,3 @@ class MasterParams:
                 if state:
                     self.optimizer.state[model_param] = state
         self._fp32_grads.detach()
-
-    def pairs(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-        return list(zip(self.model_params, self.masters))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional
 
 from apexlite.amp.errors import AmpStateError
 
@@ -91,9 +91,6 @@ class Patcher:
     def add_undo(self, undo: Callable[[], None], description: str) -> None:
         """Record an arbitrary undo step."""
         self._records.append(PatchRecord(description, undo))
-
-    def patched_targets(self) -> List[Tuple[Any, str]]:
-        return [(r.target, r.name) for r in self._records if r.name is not None]
 
     def undo_all(self) -> None:
         """Undo every record, newest first. Idempotent; raises after trying all if any undo failed."""

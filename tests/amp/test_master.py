@@ -9,7 +9,6 @@ import torch
 
 from apexlite import amp
 from apexlite.amp.session import current_session
-from tests._helpers.tolerances import dtype_tols
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -5,7 +5,8 @@ The extension holds the FusedAdam kernels. It is built only when torch is import
 one). The CPU kernel is always part of it; the CUDA kernel joins when ``APEXLITE_CUDA`` is ``1``, or on
 ``auto`` (the default) when torch was built with CUDA and a CUDA toolkit is found. A failed native
 build never fails the install: apexlite then JIT-builds the CPU kernel on first use or falls back to
-pure torch (see apexlite/_ext.py and ``python -m apexlite doctor``).
+pure torch (see apexlite/_ext.py and ``python -m apexlite doctor``); ``APEXLITE_REQUIRE_EXTENSION=1``
+turns a failed native build into an error (CI uses it). ``TORCH_CUDA_ARCH_LIST`` defaults to 9.0.
 """
 import glob
 import os
@@ -27,6 +28,15 @@ def _wants_cuda(torch_cuda_version, cuda_home):
     return bool(torch_cuda_version) and cuda_home is not None
 
 
+def _pip_cuda_includes():
+    """Headers of pip's CUDA wheels (nvidia/cu*/include): CUDA builds of torch need them, bare nvcc lacks them."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    roots = list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []
+    return sorted(path for root in roots for path in glob.glob(os.path.join(root, "cu*", "include")))
+
+
 def _native_build():
     """(ext_modules, cmdclass) for the extension, or empty ones when torch is not importable."""
     if os.environ.get("APEXLITE_BUILD_EXTENSION", "1") == "0":
@@ -44,6 +54,8 @@ def _native_build():
             try:
                 super().build_extension(ext)
             except Exception as error:  # compiler missing or failing: the pure-torch path remains
+                if os.environ.get("APEXLITE_REQUIRE_EXTENSION") == "1":
+                    raise
                 self.warn(f"apexlite: building {ext.name} failed ({error}); FusedAdam will JIT-build "
                           "its CPU kernel on first use or fall back to pure torch.")
 
@@ -52,7 +64,7 @@ def _native_build():
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
         sources = CPU_SOURCES + ["csrc/torch/fused_adam_cuda.cpp"] + sorted(glob.glob("csrc/cuda/*.cu"))
         ext = cpp_extension.CUDAExtension(
-            "apexlite._C", sources, include_dirs=include_dirs,
+            "apexlite._C", sources, include_dirs=include_dirs + _pip_cuda_includes(),
             extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3", "-std=c++17"]},
         )
     else:

@@ -55,8 +55,9 @@ inline void check_fused_adam_args(at::TensorList params, at::TensorList grads, a
               "); model_copies may be empty, every other list needs one entry per param.");
   if (n == 0) return;
   const at::Device device = params[0].device();
-  TORCH_CHECK(device.type() == backend, "apexlite.fused_adam_: the ", backend,
-              " kernel got tensors on ", device, ".");
+  TORCH_CHECK(device.type() == backend, "apexlite.fused_adam_: the ", c10::DeviceTypeName(backend),
+              " kernel got tensors on ", device, "; the op picks its kernel from the tensors' device, so "
+              "pass tensors on one device (e.g. .to('cuda')).");
   check_uniform_dtype(params, "params");
   check_uniform_dtype(grads, "grads");
   check_uniform_dtype(exp_avgs, "exp_avgs");

@@ -1,0 +1,172 @@
+// CUDA kernel of apexlite::fused_adam_: load -> adam_update (adam_math.h) -> store, over many
+// tensors per launch (multi_tensor_apply.cuh), then one small launch that advances the step counters.
+// Includes only CUDA headers and apexlite's own; csrc/torch/fused_adam_cuda.cpp binds it to torch.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "apexlite/adam_math.h"
+#include "launchers.h"
+#include "multi_tensor_apply.cuh"
+
+namespace apexlite {
+namespace cuda {
+namespace {
+
+constexpr int kDepth = 5;  // params, grads, exp_avgs, exp_avg_sqs, model_copies
+constexpr int kParamList = 0, kGradList = 1, kExpAvgList = 2, kExpAvgSqList = 3, kCopyList = 4;
+constexpr int kMaxStepsPerLaunch = 480;
+
+struct NoCopy {};  // the copy type when no half copies are written
+
+template <typename T>
+struct Tag {
+  using type = T;
+};
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+template <typename P, typename G, typename M, typename C, AdamMode kMode>
+__global__ void __launch_bounds__(kBlockSize)
+    fused_adam_kernel(TensorListMeta<kDepth> meta, AdamHyper hyper, const float* grad_scale, const float* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0.0f) return;
+  const int slot = meta.block_to_tensor[blockIdx.x];
+  const int64_t begin = static_cast<int64_t>(meta.block_to_chunk[blockIdx.x]) * kChunkSize;
+  const int64_t end = min(begin + kChunkSize, meta.numel[slot]);
+  // The step counter still holds the previous count; advance_steps_kernel bumps it afterwards.
+  const double step = static_cast<double>(*meta.steps[slot]) + 1.0;
+  const AdamScalars s = make_adam_scalars(hyper, step, grad_scale != nullptr ? *grad_scale : 1.0);
+
+  P* p = static_cast<P*>(meta.addresses[kParamList][slot]);
+  const G* g = static_cast<const G*>(meta.addresses[kGradList][slot]);
+  M* m = static_cast<M*>(meta.addresses[kExpAvgList][slot]);
+  M* v = static_cast<M*>(meta.addresses[kExpAvgSqList][slot]);
+  C* copy = static_cast<C*>(meta.addresses[kCopyList][slot]);
+
+  for (int64_t base = begin + threadIdx.x; base < end; base += static_cast<int64_t>(blockDim.x) * kILP) {
+    float rp[kILP], rg[kILP], rm[kILP], rv[kILP];
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) {
+      const int64_t i = base + static_cast<int64_t>(k) * blockDim.x;
+      if (i < end) {
+        rp[k] = to_float(p[i]);
+        rg[k] = to_float(g[i]);
+        rm[k] = to_float(m[i]);
+        rv[k] = to_float(v[i]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kILP; ++k) {
+      const int64_t i = base + static_cast<int64_t>(k) * blockDim.x;
+      if (i < end) {
+        adam_update<kMode>(rp[k], rg[k], rm[k], rv[k], s);
+        p[i] = from_float<P>(rp[k]);
+        m[i] = from_float<M>(rm[k]);
+        v[i] = from_float<M>(rv[k]);
+        if constexpr (!std::is_same<C, NoCopy>::value) copy[i] = from_float<C>(rp[k]);
+      }
+    }
+  }
+}
+
+struct StepList {
+  float* steps[kMaxStepsPerLaunch];
+  int count;
+};
+static_assert(sizeof(StepList) + sizeof(float*) <= kKernelArgBytes, "StepList exceeds the kernel-argument budget");
+static_assert(sizeof(TensorListMeta<kDepth>) + sizeof(AdamHyper) + 2 * sizeof(float*) <= kKernelArgBytes,
+              "TensorListMeta exceeds the kernel-argument budget");
+
+__global__ void advance_steps_kernel(StepList list, const float* found_inf) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < list.count && (found_inf == nullptr || *found_inf == 0.0f)) *list.steps[i] += 1.0f;
+}
+
+cudaError_t advance_steps(float* const* steps, int64_t count, const float* found_inf, cudaStream_t stream) {
+  for (int64_t first = 0; first < count; first += kMaxStepsPerLaunch) {
+    StepList list;
+    list.count = static_cast<int>(count - first < kMaxStepsPerLaunch ? count - first : kMaxStepsPerLaunch);
+    for (int i = 0; i < list.count; ++i) list.steps[i] = steps[first + i];
+    advance_steps_kernel<<<1, kMaxStepsPerLaunch, 0, stream>>>(list, found_inf);
+    const cudaError_t error = cudaGetLastError();
+    if (error != cudaSuccess) return error;
+  }
+  return cudaSuccess;
+}
+
+template <typename P, typename G, typename M, typename C>
+cudaError_t launch_typed(const AdamTensorLists& l, const AdamHyper& hyper, AdamMode mode, const float* grad_scale,
+                         const float* found_inf, cudaStream_t stream) {
+  void* const* const lists[kDepth] = {l.params, const_cast<void* const*>(l.grads), l.exp_avgs, l.exp_avg_sqs,
+                                      l.model_copies};
+  return multi_tensor_apply<kDepth>(lists, l.steps, l.numels, l.count,
+                                    [&](const TensorListMeta<kDepth>& meta, int blocks) {
+    if (mode == AdamMode::kDecoupled) {
+      fused_adam_kernel<P, G, M, C, AdamMode::kDecoupled><<<blocks, kBlockSize, 0, stream>>>(meta, hyper, grad_scale,
+                                                                                              found_inf);
+    } else {
+      fused_adam_kernel<P, G, M, C, AdamMode::kL2><<<blocks, kBlockSize, 0, stream>>>(meta, hyper, grad_scale,
+                                                                                       found_inf);
+    }
+    return cudaGetLastError();
+  });
+}
+
+// Calls fn(Tag<T>{}) with the CUDA type of `kind`.
+template <typename Fn>
+cudaError_t with_type(FloatKind kind, Fn&& fn) {
+  switch (kind) {
+    case FloatKind::kFloat32: return fn(Tag<float>{});
+    case FloatKind::kFloat16: return fn(Tag<__half>{});
+    case FloatKind::kBFloat16: return fn(Tag<__nv_bfloat16>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t launch_fused_adam(const AdamTensorLists& l, const AdamHyper& hyper, AdamMode mode,
+                              const float* grad_scale, const float* found_inf, cudaStream_t stream) {
+  if (l.moment_kind == FloatKind::kFloat16) return cudaErrorInvalidValue;  // fp16 moments underflow
+  const cudaError_t error = with_type(l.param_kind, [&](auto p_tag) {
+    return with_type(l.grad_kind, [&](auto g_tag) {
+      using P = typename decltype(p_tag)::type;
+      using G = typename decltype(g_tag)::type;
+      const auto with_moments = [&](auto m_tag) {
+        using M = typename decltype(m_tag)::type;
+        if (l.model_copies == nullptr) return launch_typed<P, G, M, NoCopy>(l, hyper, mode, grad_scale, found_inf, stream);
+        if constexpr (std::is_same<P, float>::value) {
+          return with_type(l.copy_kind, [&](auto c_tag) {
+            using C = typename decltype(c_tag)::type;
+            if constexpr (std::is_same<C, float>::value) {
+              return cudaErrorInvalidValue;  // a float32 copy of float32 params is pointless
+            } else {
+              return launch_typed<P, G, M, C>(l, hyper, mode, grad_scale, found_inf, stream);
+            }
+          });
+        } else {
+          return cudaErrorInvalidValue;  // half copies are only written from float32 masters
+        }
+      };
+      return l.moment_kind == FloatKind::kBFloat16 ? with_moments(Tag<__nv_bfloat16>{}) : with_moments(Tag<float>{});
+    });
+  });
+  if (error != cudaSuccess) return error;
+  return advance_steps(l.steps, l.count, found_inf, stream);
+}
+
+}  // namespace cuda
+}  // namespace apexlite

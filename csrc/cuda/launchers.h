@@ -1,0 +1,41 @@
+// Torch-free entry points of apexlite's CUDA kernels: raw device pointers, sizes and a stream.
+// The torch bindings (csrc/torch/*_cuda.cpp) validate tensors and call these.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "apexlite/adam_math.h"
+
+namespace apexlite {
+namespace cuda {
+
+// Element type of one tensor list.
+enum class FloatKind : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// Parallel per-tensor arrays (host memory) describing one fused Adam call. Entry i of every array
+// belongs to tensor i; all tensors live on the current device and share, per list, one FloatKind.
+struct AdamTensorLists {
+  void* const* params;           // updated weights (or fp32 masters)
+  const void* const* grads;
+  void* const* exp_avgs;
+  void* const* exp_avg_sqs;
+  void* const* model_copies;     // nullptr when no half copies are written
+  float* const* steps;           // device float32 step counters, advanced after the update
+  const int64_t* numels;
+  int64_t count;
+  FloatKind param_kind;          // kFloat32 whenever model_copies is set
+  FloatKind grad_kind;
+  FloatKind moment_kind;         // kFloat32 or kBFloat16
+  FloatKind copy_kind;           // kFloat16 or kBFloat16; ignored without model_copies
+};
+
+// Enqueues the Adam/AdamW update of every tensor plus the step-counter advance on `stream`.
+// grad_scale and found_inf are device pointers to one float each, or nullptr. A nonzero *found_inf
+// turns the whole call into a no-op, decided on the device: the host never waits.
+cudaError_t launch_fused_adam(const AdamTensorLists& lists, const AdamHyper& hyper, AdamMode mode,
+                              const float* grad_scale, const float* found_inf, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace apexlite

@@ -1,0 +1,75 @@
+// CUDA binding of apexlite::fused_adam_: validates the tensors (checks.h), turns them into raw
+// pointers and hands them to the torch-free launcher in csrc/cuda/fused_adam.cu on torch's current
+// stream. Nothing here waits for the device.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "../cuda/launchers.h"
+#include "checks.h"
+
+namespace apexlite {
+namespace {
+
+cuda::FloatKind kind_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kHalf: return cuda::FloatKind::kFloat16;
+    case at::kBFloat16: return cuda::FloatKind::kBFloat16;
+    default: return cuda::FloatKind::kFloat32;
+  }
+}
+
+std::vector<void*> pointers(at::TensorList list) {
+  std::vector<void*> out;
+  out.reserve(list.size());
+  for (const at::Tensor& t : list) out.push_back(t.data_ptr());
+  return out;
+}
+
+void fused_adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                     at::TensorList exp_avg_sqs, at::TensorList state_steps, at::TensorList model_copies,
+                     double lr, double beta1, double beta2, double eps, double weight_decay,
+                     bool bias_correction, bool adam_w_mode, const c10::optional<at::Tensor>& grad_scale,
+                     const c10::optional<at::Tensor>& found_inf) {
+  check_fused_adam_args(params, grads, exp_avgs, exp_avg_sqs, state_steps, model_copies, grad_scale,
+                        found_inf, at::kCUDA);
+  if (params.empty()) return;
+  const c10::cuda::CUDAGuard device_guard(params[0].device());
+  const std::vector<void*> param_ptrs = pointers(params), grad_ptrs = pointers(grads),
+                           exp_avg_ptrs = pointers(exp_avgs), exp_avg_sq_ptrs = pointers(exp_avg_sqs),
+                           copy_ptrs = pointers(model_copies);
+  std::vector<float*> step_ptrs;
+  std::vector<int64_t> numels;
+  for (size_t i = 0; i < params.size(); ++i) {
+    step_ptrs.push_back(state_steps[i].data_ptr<float>());
+    numels.push_back(params[i].numel());
+  }
+  cuda::AdamTensorLists lists;
+  lists.params = param_ptrs.data();
+  lists.grads = const_cast<const void* const*>(grad_ptrs.data());
+  lists.exp_avgs = exp_avg_ptrs.data();
+  lists.exp_avg_sqs = exp_avg_sq_ptrs.data();
+  lists.model_copies = model_copies.empty() ? nullptr : copy_ptrs.data();
+  lists.steps = step_ptrs.data();
+  lists.numels = numels.data();
+  lists.count = static_cast<int64_t>(params.size());
+  lists.param_kind = kind_of(params[0]);
+  lists.grad_kind = kind_of(grads[0]);
+  lists.moment_kind = kind_of(exp_avgs[0]);
+  lists.copy_kind = model_copies.empty() ? cuda::FloatKind::kFloat16 : kind_of(model_copies[0]);
+  const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, bias_correction};
+  const cudaError_t error = cuda::launch_fused_adam(
+      lists, hyper, adam_w_mode ? AdamMode::kDecoupled : AdamMode::kL2,
+      grad_scale.has_value() ? grad_scale->data_ptr<float>() : nullptr,
+      found_inf.has_value() ? found_inf->data_ptr<float>() : nullptr, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(error == cudaSuccess, "apexlite.fused_adam_: CUDA launch failed: ", cudaGetErrorString(error));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(apexlite, CUDA, m) { m.impl("fused_adam_", &fused_adam_cuda); }
+
+}  // namespace apexlite

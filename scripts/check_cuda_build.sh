@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# CI check of apexlite's CUDA code on a machine without a GPU:
+#   1. compile every csrc/cuda/*.cu on its own with `nvcc -c` (the .cu files need no torch);
+#   2. build the whole apexlite._C extension (CPU + CUDA kernels) through setup.py against a CUDA
+#      build of torch kept in a separate venv, import it, and check that its ops register and that
+#      the CUDA kernel rejects CPU tensors with apexlite's message.
+# Each part is skipped, with a message, when its tools are missing. Tunables (environment):
+#   APEXLITE_CUDA_VENV  venv holding the CUDA torch      (default /tmp/cuvenv)
+#   APEXLITE_CUDA_TORCH torch requirement for that venv  (default torch==2.14.1, from local wheels)
+#   TORCH_CUDA_ARCH_LIST (default 9.0), MAX_JOBS (default 2)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export MAX_JOBS=${MAX_JOBS:-2}
+VENV=${APEXLITE_CUDA_VENV:-/tmp/cuvenv}
+CUDA_TORCH=${APEXLITE_CUDA_TORCH:-torch==2.14.1}
+NVCC=$(command -v nvcc || true)
+[ -z "$NVCC" ] && [ -x "$CUDA_HOME/bin/nvcc" ] && NVCC=$CUDA_HOME/bin/nvcc
+if [ -z "$NVCC" ]; then
+    echo "check_cuda_build: nvcc not found (PATH, \$CUDA_HOME/bin); skipping the CUDA checks."
+    exit 0
+fi
+WORK=$(mktemp -d /tmp/apexlite-cuda-check.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+ARCH=sm_$(echo "${TORCH_CUDA_ARCH_LIST%%[ ;]*}" | tr -d '.')
+
+echo "check_cuda_build: nvcc -c ($("$NVCC" --version | tail -1), $ARCH)"
+for cu in csrc/cuda/*.cu; do
+    "$NVCC" -c -std=c++17 -O3 -arch="$ARCH" -Icsrc/include -Icsrc/cuda "$cu" -o "$WORK/$(basename "$cu").o"
+    echo "  ok  $cu"
+done
+
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -W ignore -c "import torch" 2>/dev/null; then
+    echo "check_cuda_build: creating $VENV with $CUDA_TORCH (from the local wheel store, several minutes once)"
+    if ! { python3 -m venv "$VENV" && "$VENV/bin/pip" install --quiet "$CUDA_TORCH" setuptools wheel ninja; }; then
+        echo "check_cuda_build: $CUDA_TORCH is not installable here; skipping the full extension build."
+        exit 0
+    fi
+fi
+if [ "$("$VENV/bin/python" -W ignore -c 'import torch; print(torch.version.cuda or "")')" = "" ]; then
+    echo "check_cuda_build: torch in $VENV has no CUDA; skipping the full extension build."
+    exit 0
+fi
+"$VENV/bin/pip" install --quiet setuptools wheel ninja
+
+echo "check_cuda_build: building apexlite._C with CUDA against $("$VENV/bin/python" -W ignore -c 'import torch; print(torch.__version__)')"
+start=$(date +%s)
+APEXLITE_CUDA=1 APEXLITE_REQUIRE_EXTENSION=1 "$VENV/bin/python" setup.py --quiet build_ext \
+    --build-lib "$WORK/lib" --build-temp "$WORK/tmp" > "$WORK/build.log" 2>&1 || { cat "$WORK/build.log"; exit 1; }
+echo "  built in $(( $(date +%s) - start )) s"
+
+cd "$WORK"  # away from the checkout, whose apexlite/ holds the CPU-only build
+"$VENV/bin/python" - "$WORK/lib" <<'PY'
+import glob, importlib.util, sys, warnings
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+import torch
+
+so = glob.glob(f"{sys.argv[1]}/apexlite/_C*.so")[0]
+spec = importlib.util.spec_from_file_location("apexlite._C", so)
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+op = "apexlite::fused_adam_"
+for key in ("CPU", "CUDA"):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(op, key), f"{op} has no {key} kernel"
+cpu = [torch.zeros(4)]
+args = (cpu, cpu, [torch.zeros(4)], [torch.zeros(4)], [torch.zeros(())], [])
+hyper = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, bias_correction=True, adam_w_mode=True)
+try:
+    torch.ops.apexlite.fused_adam_.default._op_dk(torch._C.DispatchKey.CUDA, *args, **hyper)
+except RuntimeError as error:
+    assert "CUDA kernel got tensors on cpu" in str(error), error
+else:
+    raise AssertionError("the CUDA kernel accepted CPU tensors")
+print(f"  ok  imported {so}; CPU and CUDA kernels registered; CPU tensors rejected by the CUDA kernel")
+PY

@@ -9,11 +9,11 @@ Dtype: with `reduce_dtype` equal to the bucket's dtype the bucket is reduced in 
 otherwise it is cast (after the pre-division, so fp32 -> fp16 sees already-shrunk values), reduced,
 and written back into the bucket. Under O2 the model params are fp16/bf16, so their buckets already
 are low precision and `reduce_dtype=None` (or the same dtype) communicates them without any cast.
-"""
-from __future__ import annotations
 
+(No `from __future__ import annotations` here: DDP checks the hook's annotations at runtime.)
+"""
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -34,7 +34,7 @@ class ReduceConfig:
     gradient_average: bool = True
     process_group: Optional[Any] = None
 
-    def factors(self) -> "tuple[float, float]":
+    def factors(self) -> Tuple[float, float]:
         """(divide before the sum, multiply after it)."""
         if not self.gradient_average:
             return 1.0, 1.0
@@ -43,7 +43,7 @@ class ReduceConfig:
         return pre, pre / world
 
 
-def reduce_hook(config: ReduceConfig, bucket: dist.GradBucket) -> torch.futures.Future:
+def reduce_hook(config: ReduceConfig, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: pre-divide, all-reduce in `config.reduce_dtype`, post-scale, write back."""
     buffer = bucket.buffer()
     pre, post = config.factors()

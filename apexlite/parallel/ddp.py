@@ -37,7 +37,7 @@ def broadcast_master_params(module: torch.nn.Module, process_group: Optional[Any
         return 0
     owned = {id(p) for p in module.parameters()}
     masters = [master for state in session.optimizers.values() if isinstance(state.grads, MasterParams)
-               for param, master in state.grads.pairs() if id(param) in owned]
+               for param, master in zip(state.grads.model_params, state.grads.masters) if id(param) in owned]
     with torch.no_grad():
         for master in masters:
             dist.broadcast(master, group=process_group, group_src=0)

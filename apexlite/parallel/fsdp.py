@@ -63,7 +63,8 @@ def initialize_fsdp(model: torch.nn.Module, optimizers: Any, opt_level: str = "O
 
     Args:
         model: the FSDP2 module (after `fully_shard`); optimizers built on its (sharded) parameters.
-        opt_level: "O0" (default) or "O1"; "O2"/"O3" raise AmpConfigError (see module docstring).
+        opt_level: "O0" (default; the model is left to FSDP, no apexlite input/output casts) or
+            "O1"; "O2"/"O3" raise AmpConfigError (see module docstring).
         loss_scale: "dynamic" by default, also for O0 (FSDP's fp16 compute needs it).
         process_group: the ranks that must agree on overflow (default: the world).
         amp_kwargs: any other `amp.initialize` argument.
@@ -77,6 +78,9 @@ def initialize_fsdp(model: torch.nn.Module, optimizers: Any, opt_level: str = "O
     if not isinstance(model, FSDPModule):
         raise AmpConfigError("initialize_fsdp expects a model sharded with fully_shard(model, ...) first; "
                              f"got {type(model).__name__}.")
+    if opt_level == "O0":
+        # FSDP casts inputs and params for compute; an O0 fp32 input cast would undo that
+        amp_kwargs.setdefault("cast_model_type", False)
     result = initialize(model, optimizers, opt_level=opt_level, loss_scale=loss_scale, **amp_kwargs)
     sync_overflow(process_group)
     return result

@@ -39,8 +39,40 @@ def comm_dtypes(rank: int, world: int) -> dict:
         losses = _train_losses(ddp, optimizer, rank, world)
         out[name] = dict(losses=losses, params=[p.detach().float().clone() for p in ddp.parameters()])
         amp.deinitialize()
+    out.update(_fused_adam_runs(rank, world))
     out["predivide"] = _predivide_probe(rank)
     out["apex-args"] = _apex_args_probe(rank, world)
+    return out
+
+
+def _fused_adam_runs(rank: int, world: int) -> Dict[str, dict]:
+    """O2 grads reduced in fp16 and fed as they are to FusedAdam's fused fp32-master update,
+    against O2's own fp32 master grads with torch AdamW."""
+    from apexlite.optimizers import FusedAdam
+
+    out = {}
+    for name in ("O2-adamw", "O2-fusedadam"):
+        model = tiny_model()
+        if name == "O2-adamw":
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O2", **AMP_KWARGS)
+        else:
+            optimizer = FusedAdam(model.parameters(), lr=1e-2, master_weights=True)
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O2", master_weights=False, **AMP_KWARGS)
+        ddp = DistributedDataParallel(model)
+        data = teacher_batches()
+        grad_dtypes = set()
+        for i in range(COMM_STEPS):
+            x, y = shard(data[i % 2], rank, world)
+            loss = torch.nn.functional.mse_loss(ddp(x).float(), y)
+            with amp.scale_loss(loss, optimizer) as scaled:
+                scaled.backward()
+            grad_dtypes |= {str(p.grad.dtype) for group in optimizer.param_groups for p in group["params"]}
+            optimizer.step()
+            optimizer.zero_grad()
+        out[name] = dict(params=[p.detach().float().clone() for p in ddp.parameters()], grad_dtypes=grad_dtypes,
+                         loss=loss.item())
+        amp.deinitialize()
     return out
 
 

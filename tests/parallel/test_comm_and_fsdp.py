@@ -38,6 +38,18 @@ def test_low_precision_gradient_communication_trains_like_fp32(comm):
     assert any(not torch.equal(p, ref) for p, ref in zip(r0["O0-bf16"]["params"], r0["O0-fp32"]["params"]))
 
 
+def test_o2_fp16_reduced_grads_feed_fused_adam_directly(comm):
+    r0, r1 = comm
+    # the optimizer saw only the fp16 grads DDP reduced (no fp32 gradient copy), and updated fp32
+    # masters of its own; the result tracks O2's fp32-master-grad path with torch AdamW
+    assert r0["O2-fusedadam"]["grad_dtypes"] == {"torch.float16"}
+    assert r0["O2-adamw"]["grad_dtypes"] == {"torch.float32"}
+    for p0, p1 in zip(r0["O2-fusedadam"]["params"], r1["O2-fusedadam"]["params"]):
+        assert torch.equal(p0, p1)
+    for p, ref in zip(r0["O2-fusedadam"]["params"], r0["O2-adamw"]["params"]):
+        torch.testing.assert_close(p, ref, **dtype_tols(torch.bfloat16))
+
+
 def test_predivision_keeps_fp16_sums_finite(comm):
     probe = comm[0]["predivide"]
     # each rank's grad is 40000: the mean is 40000, the raw fp16 sum 80000 is past fp16's 65504

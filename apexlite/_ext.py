@@ -65,7 +65,8 @@ def _jit_build() -> str:
     missing = [str(s) for s in sources if not s.is_file()]
     if missing:
         raise FileNotFoundError(f"kernel sources are not part of this install: {missing}")
-    _log.info("apexlite: building the FusedAdam CPU kernel (first use only; cached afterwards)")
+    _log.info("apexlite: loading the FusedAdam CPU kernel from csrc/ (compiled on first use, about a "
+              "minute; cached afterwards)")
     cpp_extension.load(
         name="apexlite_cpu_kernels",
         sources=[str(s) for s in sources],

@@ -7,9 +7,7 @@ message_size maps to bucket_cap_mb; the ones that only tune overlap and streams
 (delay_allreduce, allreduce_trigger_params, num_allreduce_streams, allreduce_communicators,
 retain_allreduce_buffers, prof) are validated as apex did and logged once as not applicable.
 """
-from __future__ import annotations
-
-from typing import Any, List, Optional, Union
+from typing import Any, Callable, List, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -26,29 +24,27 @@ _SHARED_PARAM_MESSAGE = (
 )
 
 
-class _AverageHook:
-    """DDP comm hook: optional fp32 upcast, divide by `predivide`, allreduce-sum, then average."""
+def _average_hook(gradient_average: bool, predivide: float, always_fp32: bool) -> Callable[..., Any]:
+    """A DDP comm hook: optional fp32 upcast, divide by `predivide`, allreduce-sum, then average."""
 
-    def __init__(self, gradient_average: bool, predivide: float, always_fp32: bool) -> None:
-        self.gradient_average = gradient_average
-        self.predivide = predivide
-        self.always_fp32 = always_fp32
-
-    def __call__(self, process_group: Any, bucket: Any) -> torch.futures.Future:
+    # torch checks a comm hook's annotations, so they are real objects here (no postponed evaluation).
+    def hook(process_group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         buffer = bucket.buffer()
-        tensor = buffer.float() if self.always_fp32 else buffer
-        if self.predivide != 1.0:
-            tensor.div_(self.predivide)
+        tensor = buffer.float() if always_fp32 else buffer
+        if predivide != 1.0:
+            tensor.div_(predivide)
         world = dist.get_world_size(process_group)
         future = dist.all_reduce(tensor, group=process_group, async_op=True).get_future()
 
         def finish(fut: torch.futures.Future) -> torch.Tensor:
             reduced = fut.value()[0]
-            if self.gradient_average:
-                reduced.mul_(self.predivide / world)
+            if gradient_average:
+                reduced.mul_(predivide / world)
             return reduced.to(buffer.dtype)
 
         return future.then(finish)
+
+    return hook
 
 
 class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
@@ -87,7 +83,7 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         element_size = first.element_size() if first is not None else 4
         super().__init__(module, device_ids=device_ids, bucket_cap_mb=message_size * element_size / 2 ** 20)
         if not gradient_average or gradient_predivide_factor != 1.0 or allreduce_always_fp32:
-            self.register_comm_hook(None, _AverageHook(gradient_average, gradient_predivide_factor,
+            self.register_comm_hook(None, _average_hook(gradient_average, gradient_predivide_factor,
                                                        allreduce_always_fp32))
 
     def enable_allreduce(self) -> None:

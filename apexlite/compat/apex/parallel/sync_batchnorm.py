@@ -11,11 +11,27 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.nn.functional import all_reduce as differentiable_all_reduce
 from torch.nn.modules.batchnorm import _BatchNorm
 
 _CHANNEL_LAST_ADVICE = ("channel_last=True is not supported by apexlite's SyncBatchNorm; keep the default "
                         "and use tensors in torch.channels_last memory format instead (same NCHW shape).")
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over processes whose backward also sums: every rank's output depends on every rank's input."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        reduced = tensor.clone()
+        dist.all_reduce(reduced, group=group)
+        return reduced
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        reduced = grad.clone()
+        dist.all_reduce(reduced, group=ctx.group)
+        return reduced, None
 
 
 class SyncBatchNorm(torch.nn.SyncBatchNorm):
@@ -47,7 +63,7 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
         x = input.float()
         count = torch.tensor([input.numel() / channels], dtype=torch.float32)
         stats = torch.cat([x.sum(dims), (x * x).sum(dims), count])
-        stats = differentiable_all_reduce(stats, group=self.process_group or dist.group.WORLD)
+        stats = _AllReduceSum.apply(stats, self.process_group or dist.group.WORLD)
         n = stats[-1]
         mean = stats[:channels] / n
         var = stats[channels:2 * channels] / n - mean * mean

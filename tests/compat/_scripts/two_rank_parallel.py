@@ -1,0 +1,50 @@
+"""Run by test_parallel_distributed.py in 2 gloo processes: apex.parallel pieces vs single-process references."""
+import datetime
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from apexlite.compat.apex import parallel
+
+dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=60))
+rank, world = dist.get_rank(), dist.get_world_size()
+
+# SyncBatchNorm on CPU: each rank's half of the batch is normalised with the global batch statistics.
+gen = torch.Generator().manual_seed(0)
+full = torch.randn(8, 3, 4, 4, generator=gen)
+upstream = torch.randn(8, 3, 4, 4, generator=gen)
+local = full[rank * 4:(rank + 1) * 4].clone().requires_grad_()
+bn = parallel.SyncBatchNorm(3)
+out = bn(local)
+(out * upstream[rank * 4:(rank + 1) * 4]).sum().backward()
+ref_in = full.clone().requires_grad_()
+ref_bn = torch.nn.BatchNorm2d(3)
+ref_out = ref_bn(ref_in)
+(ref_out * upstream).sum().backward()
+torch.testing.assert_close(out, ref_out[rank * 4:(rank + 1) * 4], rtol=1e-4, atol=1e-5)
+torch.testing.assert_close(local.grad, ref_in.grad[rank * 4:(rank + 1) * 4], rtol=1e-4, atol=1e-5)
+torch.testing.assert_close(bn.running_mean, ref_bn.running_mean)
+torch.testing.assert_close(bn.running_var, ref_bn.running_var)
+bn_params_synced = [p.grad.clone() for p in bn.parameters()]
+for g in bn_params_synced:
+    dist.all_reduce(g)
+torch.testing.assert_close(bn_params_synced[0], ref_bn.weight.grad, rtol=1e-4, atol=1e-5)
+
+# DDP: gradient_average=False sums over ranks; the default averages; disable_allreduce keeps local grads.
+x = torch.full((2, 3), float(rank + 1))
+for average, expected_scale in ((True, 1.5), (False, 3.0)):
+    model = parallel.DistributedDataParallel(torch.nn.Linear(3, 1, bias=False), gradient_average=average)
+    model(x).sum().backward()
+    torch.testing.assert_close(model.module.weight.grad, torch.full((1, 3), 2.0 * expected_scale))
+model.disable_allreduce()
+model.module.weight.grad = None
+model(x).sum().backward()
+torch.testing.assert_close(model.module.weight.grad, torch.full((1, 3), 2.0 * (rank + 1)))
+
+# Reducer: averages a list of tensors across ranks.
+t = torch.full((3,), float(rank))
+parallel.Reducer([t]).reduce()
+torch.testing.assert_close(t, torch.full((3,), 0.5))
+print(f"rank {rank} ok")
+dist.destroy_process_group()

@@ -130,7 +130,10 @@ def main() -> None:
     parser.add_argument("--sizes", type=float, nargs="+", default=[10e6, 50e6], help="total params per run")
     parser.add_argument("--repeats", type=int, default=15, help="timed steps per case")
     parser.add_argument("--reference", action="store_true", help="also time the pure-torch fallback")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, kernel: {_ext.status().source}\n")
     for total in (int(s) for s in args.sizes):

@@ -47,6 +47,26 @@ inline __attribute__((always_inline)) void narrow(const float* src, T* dst, int6
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
 }
 
+// bfloat16 is the top half of a float: widening is a shift, narrowing rounds to nearest even and
+// keeps NaN a NaN. Written on the raw bits so that the loops vectorise.
+template <>
+inline __attribute__((always_inline)) void widen(const c10::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* APEXLITE_RESTRICT bits = reinterpret_cast<const uint16_t*>(src);
+  uint32_t* APEXLITE_RESTRICT out = reinterpret_cast<uint32_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
+}
+
+template <>
+inline __attribute__((always_inline)) void narrow(const float* src, c10::BFloat16* dst, int64_t n) {
+  const uint32_t* APEXLITE_RESTRICT in = reinterpret_cast<const uint32_t*>(src);
+  uint16_t* APEXLITE_RESTRICT bits = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = in[i];
+    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    bits[i] = static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+  }
+}
+
 // Float view of elements [off, off + n): the tensor itself for float32, else `buffer` filled by widening.
 inline __attribute__((always_inline)) float* load(const Slot& s, int64_t off, int64_t n, float* buffer) {
   switch (s.dtype) {

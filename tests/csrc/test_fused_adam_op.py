@@ -137,3 +137,16 @@ def test_cuda_kernel_matches_cpu_kernel(adam_w_mode, param_dtype, grad_dtype, mo
     torch.ops.apexlite.fused_adam_(*cuda_lists, adam_w_mode=adam_w_mode, **HYPER)
     _compare([[t.cpu() for t in lst] for lst in cuda_lists], cpu_lists,
              _coarsest(param_dtype, moment_dtype, copy_dtype))
+
+
+@pytest.mark.parametrize("copy_dtype", [torch.float16, torch.bfloat16])
+def test_half_copy_rounds_like_torch(copy_dtype):
+    # Ties between two bf16/fp16 values, overflow, infinities, NaN and subnormals; lr=0 keeps the
+    # fp32 params exact, so the copy must equal torch's own conversion exactly (any NaN payload).
+    values = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-11, 1 + 3 * 2**-11, 3.4e38, -70000.0,
+                           float("inf"), float("-inf"), float("nan"), 1e-40, -1e-41, 0.0])
+    lists = _lists([len(values)], torch.float32, torch.float32, torch.float32, copy_dtype)
+    lists[0][0].copy_(values)
+    lists[1][0].zero_()
+    torch.ops.apexlite.fused_adam_(*lists, adam_w_mode=True, **dict(HYPER, lr=0.0, weight_decay=0.0))
+    torch.testing.assert_close(lists[5][0], values.to(copy_dtype), rtol=0, atol=0, equal_nan=True)

@@ -15,7 +15,9 @@ from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CPU_SOURCES = ["csrc/torch/ops.cpp", "csrc/torch/fused_adam_cpu.cpp"]
-CXX_FLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off"]
+# -fopenmp: at::parallel_for is header code that runs serially unless the extension itself is built with OpenMP.
+CXX_FLAGS = ["-O3", "-fno-math-errno", "-fopenmp"]
+LINK_FLAGS = ["-fopenmp"]
 
 
 def _wants_cuda(torch_cuda_version, cuda_home):
@@ -65,11 +67,12 @@ def _native_build():
         sources = CPU_SOURCES + ["csrc/torch/fused_adam_cuda.cpp"] + sorted(glob.glob("csrc/cuda/*.cu"))
         ext = cpp_extension.CUDAExtension(
             "apexlite._C", sources, include_dirs=include_dirs + _pip_cuda_includes(),
-            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3", "-std=c++17"]},
+            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3", "-std=c++17"]}, extra_link_args=LINK_FLAGS,
         )
     else:
         ext = cpp_extension.CppExtension(
             "apexlite._C", CPU_SOURCES, include_dirs=include_dirs, extra_compile_args={"cxx": CXX_FLAGS},
+            extra_link_args=LINK_FLAGS,
         )
     return [ext], {"build_ext": OptionalBuildExtension}
 

@@ -76,7 +76,9 @@ class FusedAdam(torch.optim.Optimizer):
         exp_avg_dtype (keyword, default float32): storage of both moments, float32 or bfloat16
             (halves their memory; the math stays float32).
         implementation (keyword, default "auto"): "auto" (compiled kernel if built, else pure torch
-            with one warning), "kernel" (error if not built) or "reference" (pure torch).
+            with one warning), "kernel" (error if not built) or "reference" (pure torch). Params
+            whose elements do not fill one dense block (e.g. a strided view) always take the
+            pure-torch path.
 
     State per param: ``step`` (float32 scalar tensor), ``exp_avg``, ``exp_avg_sq`` (torch's names,
     so checkpoints load across torch, apex and apexlite; apex's per-group ``step`` is converted on

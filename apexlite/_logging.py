@@ -23,7 +23,7 @@ def _install_default_handler() -> logging.Logger:
         handler._apexlite_default = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     if logger.level == logging.NOTSET:
-        logger.setLevel(logging.DEBUG)
+        logger.setLevel(logging.INFO)
     return logger
 
 

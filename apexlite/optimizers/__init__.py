@@ -1,5 +1,9 @@
 """apexlite's fused optimizers (``from apexlite.optimizers import FusedAdam``)."""
 from apexlite.optimizers._adam_step import fused_adam_step
+from apexlite.optimizers.fused_adagrad import FusedAdagrad
 from apexlite.optimizers.fused_adam import FusedAdam
+from apexlite.optimizers.fused_lamb import FusedLAMB
+from apexlite.optimizers.fused_novograd import FusedNovoGrad
+from apexlite.optimizers.fused_sgd import FusedSGD
 
-__all__ = ["FusedAdam", "fused_adam_step"]
+__all__ = ["FusedAdagrad", "FusedAdam", "FusedLAMB", "FusedNovoGrad", "FusedSGD", "fused_adam_step"]

@@ -5,9 +5,11 @@ a picklable result; the parent gets the list ordered by rank. A hard timeout kil
 """
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import socket
+import sys
 import tempfile
 import time
 from typing import Any, Callable, List
@@ -32,8 +34,16 @@ def _entry(rank: int, world_size: int, port: int, outdir: str, worker: Callable,
         result = worker(rank, world_size, *args)
         with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as handle:
             pickle.dump(result, handle)
+        # no rank tears gloo down while its peer may still be inside a collective
+        dist.barrier()
     finally:
+        gc.collect()
         dist.destroy_process_group()
+    # Skip interpreter teardown: gloo/DDP C++ threads destroyed in arbitrary order at exit can abort
+    # a rank whose work (and result file) is already complete.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(worker: Callable, *args: Any, world_size: int = 2, timeout: float = 60.0) -> List[Any]:

@@ -2,7 +2,8 @@
 
 The wrapper is installed once through the session's Patcher (never swapped per overflow). Gradient
 bookkeeping is delegated to a strategy: `PlainGrads` (O0/O1/O3: grads live on the params the
-optimizer steps) or `MasterParams` (O2: fp32 masters, see master.py).
+optimizer steps), `MasterParams` (O2: fp32 masters, see master.py) or `FusedMasterGrads` (O2 with an
+optimizer that keeps the masters and unscales in its own step, see fused_master.py).
 """
 from __future__ import annotations
 
@@ -50,6 +51,10 @@ class PlainGrads:
                 self._stash.append((param, param.grad))
                 param.grad = None
 
+    def adopt_stash(self, pairs: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Take (param, unscaled grad) pairs stashed elsewhere, to be added back by `post`."""
+        self._stash = list(pairs)
+
     def post(self, scaler: LossScaler) -> None:
         fresh = [p.grad for p in self.params() if p.grad is not None]
         if fresh and scaler.checks_overflow:
@@ -74,7 +79,17 @@ class PlainGrads:
             torch._foreach_add_(both_new, both_old)
         self._stash = []
 
+    def master_pairs(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """(model param, fp32 master) pairs: none, the optimizer steps the model params."""
+        return []
+
+    def before_step(self) -> None:
+        pass
+
     def after_step(self) -> None:
+        pass
+
+    def finish_step(self) -> None:
         pass
 
     def on_skip(self) -> None:
@@ -152,11 +167,16 @@ class AmpOptimizer:
             self.grads.on_skip()
             self.session.stats.record_step(skipped=True)
             return None
-        if self.session.patches_torch:
-            with self.session.casts_disabled():
+        self.grads.before_step()
+        try:
+            if self.session.patches_torch:
+                with self.session.casts_disabled():
+                    result = self._original_step(*args, **kwargs)
+            else:
                 result = self._original_step(*args, **kwargs)
-        else:
-            result = self._original_step(*args, **kwargs)
+        except BaseException:
+            self.grads.finish_step()
+            raise
         self.grads.after_step()
         self.session.cache.clear()
         self.session.stats.record_step(skipped=False)

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from apexlite.amp import checks
 from apexlite.amp.amp_optimizer import AmpOptimizer, PlainGrads
 from apexlite.amp.errors import AmpConfigError
+from apexlite.amp.fused_master import FusedMasterGrads, supports_fused_master_step
 from apexlite.amp.legacy_state import legacy_flags
 from apexlite.amp.master import MasterParams
 from apexlite.amp.model_cast import cast_model, install_io_casts
@@ -110,8 +111,7 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
                 install_io_casts(model, session.patcher, None, cast_model_outputs)
         session.models.extend(model_list)
         for optimizer in optimizer_list:
-            grads = (MasterParams(optimizer, fp32_sources) if properties.master_weights
-                     else PlainGrads(optimizer))
+            grads = _grad_strategy(optimizer, properties.master_weights, fp32_sources)
             amp_optimizer = AmpOptimizer(optimizer, session, grads)
             amp_optimizer.install()
             session.optimizers[id(optimizer)] = amp_optimizer
@@ -125,6 +125,15 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
         return models
     return (models if models_was_list else model_list[0],
             optimizers if optimizers_was_list else optimizer_list[0])
+
+
+def _grad_strategy(optimizer: Any, master_weights: bool, fp32_sources: Dict[torch.Tensor, torch.Tensor]) -> Any:
+    """How this optimizer's grads are handled: plain, separate fp32 masters, or masters inside a fused step."""
+    if not master_weights:
+        return PlainGrads(optimizer)
+    if supports_fused_master_step(optimizer):
+        return FusedMasterGrads(optimizer, fp32_sources)
+    return MasterParams(optimizer, fp32_sources)
 
 
 def deinitialize() -> None:
@@ -171,6 +180,14 @@ def load_state_dict(state: dict) -> None:
 
 
 def master_params(optimizer: Any) -> Iterator[torch.Tensor]:
-    """The params `optimizer` steps: fp32 masters (and fp32 model params) under O2, else the model's."""
+    """The params `optimizer` steps: fp32 masters (and fp32 model params) under O2, else the model's.
+
+    Under O2 their grads are unscaled fp32 values, ready for clipping.
+    """
+    session = current_session(required=False)
+    amp_optimizer = session.amp_optimizer(optimizer, required=False) if session is not None else None
+    if isinstance(getattr(amp_optimizer, "grads", None), FusedMasterGrads):
+        yield from amp_optimizer.grads.master_params()
+        return
     for group in optimizer.param_groups:
         yield from group["params"]

@@ -14,7 +14,7 @@ NOTE [O2 grad ownership]
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -90,6 +90,16 @@ class MasterParams:
     def abort(self) -> None:
         self._fp32_grads.abort()
 
+    def master_pairs(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """(model param, fp32 master) for every low-precision param the optimizer trains."""
+        return list(zip(self.model_params, self.masters))
+
+    def before_step(self) -> None:
+        pass
+
+    def finish_step(self) -> None:
+        pass
+
     def after_step(self) -> None:
         self.copy_masters_to_model()
         for master in self.masters:
@@ -146,6 +156,8 @@ class MasterParams:
         saved = state_dict.pop(MASTERS_KEY, None)
         self._load_state_dict(state_dict)
         if saved is None:
+            saved = self._take_optimizer_owned_masters()
+        if saved is None:
             # A checkpoint without masters (e.g. written by apex): rebuild them from the model weights.
             with torch.no_grad():
                 torch._foreach_copy_(self.masters, [p.float() for p in self.model_params])
@@ -158,6 +170,13 @@ class MasterParams:
         with torch.no_grad():
             torch._foreach_copy_(self.masters, [t.to(m.device) for t, m in zip(saved, self.masters)])
         self.copy_masters_to_model()
+
+    def _take_optimizer_owned_masters(self) -> Optional[List[torch.Tensor]]:
+        """Masters from a checkpoint of an optimizer that kept them in its state (FusedAdam's fused O2)."""
+        owned = [self.optimizer.state.get(master, {}).pop("master_param", None) for master in self.masters]
+        if not self.masters or any(master is None for master in owned):
+            return None
+        return owned
 
     def detach(self) -> None:
         """Session teardown: put the model params back into the param groups, state with them."""

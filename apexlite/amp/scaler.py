@@ -93,6 +93,10 @@ class LossScaler:
         """Unscale `grads` in place, accumulating the device-side overflow flag."""
         unscale_and_check(grads, 1.0 / self._loss_scale, self._found_inf)
 
+    def check(self, grads: Iterable[torch.Tensor]) -> None:
+        """Flag inf/NaN in `grads` (left scaled: the multiply by 1.0 is exact) into the overflow flag."""
+        unscale_and_check(grads, 1.0, self._found_inf)
+
     def found_inf_tensor(self, device: torch.device) -> torch.Tensor:
         """The device-side overflow flag (created zeroed on first use)."""
         flag = self._found_inf.get(device)

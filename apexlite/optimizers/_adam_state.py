@@ -22,6 +22,7 @@ class Bucket:
 
     device: torch.device
     dense: bool
+    grads_unscaled: bool = False  # the grads are masters' own fp32 grads: grad_scale does not apply
     params: List[torch.Tensor] = field(default_factory=list)
     grads: List[torch.Tensor] = field(default_factory=list)
     exp_avgs: List[torch.Tensor] = field(default_factory=list)
@@ -105,15 +106,28 @@ def restore_value(key: str, value: torch.Tensor, param: torch.Tensor, moment_dty
     return value.detach().to(device=param.device, dtype=dtype or value.dtype, copy=True)
 
 
-def add_to_bucket(buckets: Dict[Tuple, Bucket], param: torch.Tensor, grad: torch.Tensor, state: dict) -> None:
+def step_grad(param: torch.Tensor, state: Optional[dict]) -> Tuple[Optional[torch.Tensor], bool]:
+    """The gradient a step uses for ``param``, and whether it is a master's own (unscaled) fp32 grad.
+
+    A master weight's ``.grad``, when set, wins over the param's: apexlite's amp puts unscaled fp32
+    grads there under O2 when the user clips them or accumulates over several backward passes.
+    """
+    master = state.get("master_param") if state else None
+    if master is not None and master.grad is not None:
+        return master.grad, True
+    return param.grad, False
+
+
+def add_to_bucket(buckets: Dict[Tuple, Bucket], param: torch.Tensor, grad: torch.Tensor, state: dict,
+                  grads_unscaled: bool = False) -> None:
     """Files one param (with a grad and initialised state) into its (device, dtypes) bucket."""
     target = state.get("master_param", param)
     dense = is_dense(target)
     copy_dtype = param.dtype if target is not param else None
-    key = (param.device, target.dtype, grad.dtype, copy_dtype, state["exp_avg"].dtype, dense)
+    key = (param.device, target.dtype, grad.dtype, copy_dtype, state["exp_avg"].dtype, dense, grads_unscaled)
     bucket = buckets.get(key)
     if bucket is None:
-        bucket = buckets[key] = Bucket(device=param.device, dense=dense)
+        bucket = buckets[key] = Bucket(device=param.device, dense=dense, grads_unscaled=grads_unscaled)
     bucket.params.append(target)
     bucket.grads.append(with_layout(grad, target) if dense else grad)
     bucket.exp_avgs.append(state["exp_avg"])

@@ -106,12 +106,22 @@ class FusedAdam(torch.optim.Optimizer):
        sets and deletes them around its ``scaler.step(optimizer)``; apexlite's amp sets them the same
        way. They stay in effect until deleted.
 
-    .. note:: **(d) Version counters.** After the fused kernel writes a param, its autograd version
+    .. note:: **(d) amp O2.** Under ``amp.initialize(..., opt_level="O2")`` this optimizer keeps the
+       model's half params in its groups and their fp32 masters in its state; the grad unscale, the
+       master update and the half copy happen in this step (no fp32 grad copies). Set
+       ``amp_fused_master_step = False`` on the instance before ``amp.initialize`` to get apex's
+       separate fp32 master params instead. A master's own ``.grad`` (fp32, unscaled), when set, is
+       used in place of its param's grad and ``grad_scale`` does not apply to it: amp sets it when
+       grads are clipped through ``amp.master_params`` or accumulated over several backward passes.
+
+    .. note:: **(e) Version counters.** After the fused kernel writes a param, its autograd version
        counter is bumped (``torch.autograd.graph.increment_version``), so caches keyed on
        ``Tensor._version`` (amp's cast cache) see the new values.
     """
 
     _step_supports_amp_scaling = True
+    # under amp O2, keep the fp32 masters here and unscale in the kernel (apexlite/amp/fused_master.py)
+    amp_fused_master_step = True
 
     def __init__(
         self,
@@ -227,7 +237,7 @@ class FusedAdam(torch.optim.Optimizer):
                     lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                     weight_decay=group["weight_decay"], bias_correction=group["bias_correction"],
                     adam_w_mode=group["adam_w_mode"],
-                    grad_scale=_flag_on(grad_scale, bucket.device),
+                    grad_scale=None if bucket.grads_unscaled else _flag_on(grad_scale, bucket.device),
                     found_inf=_flag_on(found_inf, bucket.device),
                     implementation=self.implementation if bucket.dense else "reference",
                 )
@@ -238,7 +248,7 @@ class FusedAdam(torch.optim.Optimizer):
     def _buckets(self, group: Dict[str, Any]) -> Dict[Tuple, adam_state.Bucket]:
         buckets: Dict[Tuple, adam_state.Bucket] = {}
         for param in group["params"]:
-            grad = param.grad
+            grad, unscaled = adam_state.step_grad(param, self.state.get(param))
             if grad is None:
                 continue
             if grad.is_sparse:
@@ -251,7 +261,7 @@ class FusedAdam(torch.optim.Optimizer):
                                    "move the gradient to the param's device before step().")
             state = self.state[param]
             adam_state.init_state(param, state, self.master_weights, self.exp_avg_dtype)
-            adam_state.add_to_bucket(buckets, param, grad, state)
+            adam_state.add_to_bucket(buckets, param, grad, state, unscaled)
         return buckets
 
     @staticmethod

@@ -29,15 +29,14 @@ def broadcast_master_params(module: torch.nn.Module, process_group: Optional[Any
 
     Returns how many masters were broadcast (0 without an amp session or without O2).
     """
-    from apexlite.amp.master import MasterParams
     from apexlite.amp.session import current_session
 
     session = current_session(required=False)
     if session is None:
         return 0
     owned = {id(p) for p in module.parameters()}
-    masters = [master for state in session.optimizers.values() if isinstance(state.grads, MasterParams)
-               for param, master in zip(state.grads.model_params, state.grads.masters) if id(param) in owned]
+    masters = [master for state in session.optimizers.values()
+               for param, master in state.grads.master_pairs() if id(param) in owned]
     with torch.no_grad():
         for master in masters:
             dist.broadcast(master, group=process_group, group_src=0)

@@ -1,0 +1,200 @@
+"""FusedMasterGrads: O2 with an optimizer that keeps fp32 masters itself and unscales in its kernel.
+
+NOTE [fused O2 step]
+- Chosen for optimizers whose ``amp_fused_master_step`` is True (apexlite's FusedAdam; set it to
+  False on the instance before ``amp.initialize`` to keep separate fp32 master params instead).
+  The param groups keep the model's fp16/bf16 params; the optimizer holds one fp32 master per
+  param in its state (``enable_master_weights``, seeded from the fp32 weights saved before the cast).
+- Fast mode (one backward per step, no clipping): leaving ``scale_loss`` every grad stays in
+  ``.grad``, still scaled (fp16 keeps its small values), and is only checked for inf/NaN. ``step()``
+  hands the optimizer ``grad_scale``, so one kernel pass unscales in registers, updates master and
+  moments and writes the half copy: no fp32 grad copies, no unscale pass, no master->model copy.
+  fp32 params (batchnorm under keep_batchnorm_fp32) are their own masters and carry the same scale.
+- fp32 mode, entered when a second backward adds to existing grads or when
+  ``amp.master_params(optimizer)`` is read (clipping): unscaled fp32 grads live on the masters
+  (``master.grad``, which the optimizer prefers over the param's) and on the fp32 params, exactly as
+  in the separate-masters path, so accumulation happens in fp32 and clipping sees real values.
+- The step, a skipped step and ``zero_grad`` return to fast mode.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+
+from apexlite.amp.amp_optimizer import PlainGrads, optimizer_params
+from apexlite.amp.checks import sparse_grad_error
+from apexlite.amp.errors import AmpUsageError
+from apexlite.amp.master import LOW_PRECISION, MASTERS_KEY
+from apexlite.amp.patcher import Patcher
+from apexlite.amp.scaler import LossScaler
+
+
+def supports_fused_master_step(optimizer: Any) -> bool:
+    """True when the optimizer can own fp32 masters and unscale half grads inside its step."""
+    return bool(getattr(optimizer, "amp_fused_master_step", False)) and hasattr(
+        optimizer, "enable_master_weights")
+
+
+class FusedMasterGrads:
+    """O2 grad handling for a fused optimizer: see NOTE [fused O2 step]."""
+
+    def __init__(self, optimizer: Any, fp32_sources: Optional[Dict[torch.Tensor, torch.Tensor]] = None) -> None:
+        self.optimizer = optimizer
+        half_ids = {id(p) for p in self._half_params()}
+        seeds = {p: s for p, s in (fp32_sources or {}).items() if id(p) in half_ids}
+        optimizer.enable_master_weights(seeds)
+        self._fp32_grads = PlainGrads(optimizer, params_fn=self._fp32_params)
+        self._grads_scale = 1.0  # fast mode: the loss scale every current grad carries
+        self._fp32_mode = False
+        self._stash: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        self._set_grad_scale = False
+
+    def _half_params(self) -> List[torch.Tensor]:
+        return [p for p in optimizer_params(self.optimizer) if p.dtype in LOW_PRECISION]
+
+    def _fp32_params(self) -> List[torch.Tensor]:
+        return [p for p in optimizer_params(self.optimizer) if p.dtype not in LOW_PRECISION]
+
+    def _master(self, param: torch.Tensor) -> torch.Tensor:
+        """The fp32 tensor the optimizer updates for `param` (itself for an fp32 param)."""
+        if param.dtype not in LOW_PRECISION:
+            return param
+        state = self.optimizer.state[param]
+        if "master_param" not in state:  # a half param added after initialize, or an apex checkpoint
+            state["master_param"] = torch.empty_like(param, dtype=torch.float32).copy_(param.detach())
+        return state["master_param"]
+
+    def master_pairs(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """(model param, fp32 master) for every half param of the optimizer."""
+        return [(p, self._master(p)) for p in self._half_params()]
+
+    # --- strategy interface used by AmpOptimizer ------------------------------------------------
+    def prepare(self) -> None:
+        if self._fp32_mode:
+            for param in self._half_params():  # their sums so far live on the masters
+                param.grad = None
+            self._fp32_grads.prepare()
+            return
+        self._stash = []
+        for param in optimizer_params(self.optimizer):
+            if param.grad is not None:
+                self._stash.append((param, param.grad))
+                param.grad = None
+
+    def post(self, scaler: LossScaler) -> None:
+        if any(p.grad is not None and p.grad.is_sparse for p in optimizer_params(self.optimizer)):
+            raise sparse_grad_error()
+        if not self._fp32_mode and not self._stash:
+            self._grads_scale = scaler.loss_scale() if scaler.checks_overflow else 1.0
+            fresh = [p.grad for p in optimizer_params(self.optimizer) if p.grad is not None]
+            if fresh and scaler.checks_overflow:
+                scaler.check(fresh)
+            return
+        if not self._fp32_mode:
+            self._fp32_grads.adopt_stash(self._enter_fp32_mode(self._stash))
+            self._stash = []
+        halves = [p for p in self._half_params() if p.grad is not None]
+        fresh = [p.grad.to(torch.float32, copy=True) for p in halves]
+        if fresh and scaler.checks_overflow:
+            scaler.unscale(fresh)
+        for param, grad in zip(halves, fresh):
+            master = self._master(param)
+            if master.grad is None:
+                master.grad = grad
+            else:
+                master.grad.add_(grad)
+        self._fp32_grads.post(scaler)
+
+    def _enter_fp32_mode(self, scaled: List[Tuple[torch.Tensor, torch.Tensor]]) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """Unscale fast-mode grads: half ones onto their masters (fp32 copies), fp32 ones in place.
+
+        Returns the (fp32 param, unscaled grad) pairs.
+        """
+        inv_scale = 1.0 / self._grads_scale
+        fp32_pairs = []
+        for param, grad in scaled:
+            target = self._master(param)
+            if target is param:
+                fp32_pairs.append((param, grad.mul_(inv_scale)))
+            else:
+                target.grad = grad.float().mul_(inv_scale)
+        self._fp32_mode = True
+        return fp32_pairs
+
+    def abort(self) -> None:
+        if self._fp32_mode:
+            self._fp32_grads.abort()
+            return
+        for param, grad in self._stash:
+            param.grad = grad
+        self._stash = []
+
+    def before_step(self) -> None:
+        if not self._fp32_mode and self._grads_scale != 1.0:
+            self.optimizer.grad_scale = self._grads_scale
+            self._set_grad_scale = True
+
+    def after_step(self) -> None:
+        self.finish_step()
+
+    def finish_step(self) -> None:
+        """Remove the step's inputs whether the step ran, raised or was skipped."""
+        if self._set_grad_scale:
+            del self.optimizer.grad_scale
+            self._set_grad_scale = False
+        self._leave_fp32_mode()
+
+    def on_skip(self) -> None:
+        self.finish_step()
+
+    # --- unscaled fp32 grads for clipping ----------------------------------------------------------
+    def master_params(self) -> Iterator[torch.Tensor]:
+        """What the optimizer updates (fp32 masters and fp32 params), with unscaled fp32 grads."""
+        if not self._fp32_mode:
+            self._enter_fp32_mode([(p, p.grad) for p in optimizer_params(self.optimizer) if p.grad is not None])
+        for param in optimizer_params(self.optimizer):
+            yield self._master(param)
+
+    def _leave_fp32_mode(self) -> None:
+        if self._fp32_mode:
+            for _, master in self.master_pairs():
+                master.grad = None
+            self._fp32_mode = False
+
+    # --- optimizer methods patched ----------------------------------------------------------------
+    def install(self, patcher: Patcher) -> None:
+        self._zero_grad = patcher.set_attribute(self.optimizer, "zero_grad", self.zero_grad)
+        self._load_state_dict = patcher.set_attribute(self.optimizer, "load_state_dict", self.load_state_dict)
+
+    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
+        """The optimizer's own zero_grad, which also drops the masters' fp32 grads."""
+        self._leave_fp32_mode()
+        if set_to_none is None:
+            self._zero_grad()
+        else:
+            self._zero_grad(set_to_none=set_to_none)
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Also accepts checkpoints written by the separate-masters O2 path (masters under MASTERS_KEY)."""
+        state_dict = dict(state_dict)
+        saved = state_dict.pop(MASTERS_KEY, None)
+        self._load_state_dict(state_dict)
+        if saved is None:
+            return
+        halves = self._half_params()
+        if len(saved) != len(halves):
+            raise AmpUsageError(
+                f"optimizer checkpoint holds {len(saved)} fp32 master weights but this O2 optimizer has "
+                f"{len(halves)} fp16/bf16 params: it was saved from a different model or param-group layout."
+            )
+        with torch.no_grad():
+            for param, master in zip(halves, saved):
+                self._master(param).copy_(master)
+                param.copy_(master)
+
+    def detach(self) -> None:
+        """Session teardown: the optimizer keeps its fp32 masters (the model stays in half precision)."""
+        self.finish_step()
+        self._stash = []
+        self._fp32_grads.detach()

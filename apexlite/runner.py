@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-import traceback
 from types import TracebackType
 from typing import List, Optional
 

@@ -19,7 +19,7 @@ import platform
 import statistics
 import time
 from datetime import date
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import torch
 

@@ -1,7 +1,7 @@
 """Validation of what `initialize` receives; every error names the problem and the fix."""
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, List, Optional
 
 import torch
 
@@ -38,6 +38,46 @@ def check_models(models: List[Any]) -> None:
             raise AmpUsageError(
                 "models must be either a single model or a list of models (torch.nn.Module); "
                 f"got {type(model).__name__}."
+            )
+
+
+def _fsdp_kind(model: torch.nn.Module) -> Optional[str]:
+    """"FSDP1" or "FSDP2" when the model (or a submodule) is sharded by torch's FSDP, else None."""
+    if not torch.distributed.is_available():
+        return None
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:
+        FullyShardedDataParallel = ()  # noqa: N806  (older torch builds without FSDP1)
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        FSDPModule = ()  # noqa: N806  (torch < 2.6 keeps FSDP2 private)
+    for module in model.modules():
+        if FullyShardedDataParallel and isinstance(module, FullyShardedDataParallel):
+            return "FSDP1"
+        if FSDPModule and isinstance(module, FSDPModule):
+            return "FSDP2"
+    return None
+
+
+def check_sharded_models(models: List[torch.nn.Module], opt_level: str, properties: Properties) -> None:
+    """Refuse FSDP1 wrappers, and O2/O3-style model casts of an FSDP2 model (silently wrong)."""
+    for model in models:
+        kind = _fsdp_kind(model)
+        if kind == "FSDP1":
+            raise AmpUsageError(
+                "the model contains a FullyShardedDataParallel (FSDP1) wrapper: apexlite does not support "
+                "FSDP1's flat shards. Shard with torch.distributed.fsdp.fully_shard (FSDP2) and call "
+                "apexlite.parallel.initialize_fsdp(model, optimizer, opt_level='O0' or 'O1')."
+            )
+        if kind == "FSDP2" and (properties.cast_model_type or properties.master_weights):
+            raise AmpConfigError(
+                f"opt_level={opt_level!r} casts an FSDP2-sharded model (cast_model_type="
+                f"{properties.cast_model_type}, master_weights={properties.master_weights}): the shards would "
+                "lose their fp32 values or be duplicated by unsharded fp32 masters. Use "
+                "apexlite.parallel.initialize_fsdp(model, optimizer, opt_level='O0') with FSDP's "
+                "MixedPrecisionPolicy(param_dtype=torch.float16) doing the casting, or opt_level='O1'."
             )
 
 

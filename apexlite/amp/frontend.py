@@ -94,6 +94,7 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
     optimizer_list, optimizers_was_list = ([], True) if optimizers is None else _as_list(optimizers)
     checks.check_models(model_list)
     checks.check_optimizers(optimizer_list)
+    checks.check_sharded_models(model_list, opt_level, properties)
     if not legacy_flags.allow_incoming_model_not_fp32:
         checks.check_params_fp32(model_list, properties)
     if properties.cast_model_type:

@@ -6,7 +6,8 @@ from typing import Dict, List, Optional
 import torch
 
 from apexlite import amp
-from apexlite.amp.errors import AmpConfigError
+from apexlite.amp.errors import AmpConfigError, AmpUsageError
+from apexlite.amp.session import current_session
 from apexlite.parallel import (
     DistributedDataParallel, ddp_from_apex_args, fully_shard, initialize_fsdp, sync_overflow,
 )
@@ -155,6 +156,18 @@ def fsdp_loss_scaling(rank: int, world: int) -> dict:
             initialize_fsdp(model, optimizer, opt_level=level)
         except AmpConfigError as error:
             out["refused"][level] = str(error)
+        try:  # amp.initialize straight on the sharded model is refused as well
+            amp.initialize(model, optimizer, opt_level=level, verbosity=0)
+        except AmpConfigError as error:
+            out["refused"][f"amp.initialize {level}"] = str(error)
+        assert current_session(required=False) is None and all(p.dtype is torch.float32 for p in model.parameters())
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    legacy = FullyShardedDataParallel(tiny_model(), device_id=torch.device("cpu"))
+    try:
+        amp.initialize(legacy, torch.optim.SGD(legacy.parameters(), lr=0.1), opt_level="O1", verbosity=0)
+    except AmpUsageError as error:
+        out["refused"]["FSDP1"] = str(error)
     try:
         fully_shard(tiny_model().half())
     except AmpConfigError as error:

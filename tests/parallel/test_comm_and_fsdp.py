@@ -93,6 +93,10 @@ def test_fsdp_one_shard_overflow_skips_on_every_rank(fsdp):
 
 def test_fsdp_refuses_opt_levels_that_cast_the_model(fsdp):
     refused = fsdp[0]["refused"]
-    assert set(refused) == {"O2", "O3", "half-model"}
+    assert set(refused) == {"O2", "O3", "half-model", "amp.initialize O2", "amp.initialize O3", "FSDP1"}
+    assert "FSDP1" in refused["FSDP1"] and "fully_shard" in refused["FSDP1"]
     assert "not supported with FSDP" in refused["O2"] and "master" in refused["O2"]
+    for level in ("O2", "O3"):
+        assert "FSDP2-sharded" in refused[f"amp.initialize {level}"]
+        assert "initialize_fsdp" in refused[f"amp.initialize {level}"]
     assert "MixedPrecisionPolicy" in refused["half-model"]

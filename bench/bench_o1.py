@@ -1,12 +1,13 @@
 """O1 benchmark: per-call overhead of patched ops, and training-step time vs torch.autocast and fp32.
 
-    python bench/bench_o1.py [--rounds 7] [--write BENCHMARKS.md]
+    python -m bench.bench_o1 [--rounds 15] [--steps 10] [--write BENCHMARKS.md]
 
 Every variant runs side by side in one process, interleaved round by round; figures are medians.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import copy
 import platform
 import statistics
@@ -19,6 +20,8 @@ import torch.nn.functional as F
 
 from apexlite import amp
 from bench.report import replace_block
+
+log = logging.getLogger("bench.o1")
 
 CASES = {
     # name: (dtype, in_features, hidden, layers, batch, dynamic loss scaling)
@@ -97,15 +100,21 @@ def run_case(name: str, spec, rounds: int, steps: int) -> Dict[str, float]:
         apex_opt.step()
         apex_opt.zero_grad()
 
-    results: Dict[str, List[float]] = {key: [] for key in list(fns) + ["apexlite O1"]}
-    for _ in range(rounds):
-        for key, fn in fns.items():
-            results[key].append(timed(fn, steps))
+    def apexlite_block() -> float:
         amp.initialize(apex_model, apex_opt, opt_level="O1", dtype=dtype, loss_scale=loss_scale, verbosity=0)
         try:
-            results["apexlite O1"].append(timed(apexlite_step, steps))
+            return timed(apexlite_step, steps)
         finally:
             amp.deinitialize()
+
+    blocks = {key: (lambda fn=fn: timed(fn, steps)) for key, fn in fns.items()}
+    blocks["apexlite O1"] = apexlite_block
+    results: Dict[str, List[float]] = {key: [] for key in blocks}
+    order = list(blocks)
+    for round_index in range(rounds):
+        # alternate the order every round so no variant always runs first or last (drift, turbo)
+        for key in (order if round_index % 2 == 0 else order[::-1]):
+            results[key].append(blocks[key]())
     return {key: statistics.median(values) for key, values in results.items()}
 
 
@@ -135,8 +144,12 @@ def per_call_overhead(rounds: int) -> Dict[str, float]:
 
 def render(case_results: Dict[str, Dict[str, float]], overhead: Dict[str, tuple], rounds: int) -> str:
     lines = [
+        "## O1 vs torch.autocast (CPU)", "",
+        "Each round times every variant in its own block of steps, in an order that alternates between "
+        "rounds; apexlite is initialized before and deinitialized after its block, so the other "
+        "variants run on unpatched torch.", "",
         f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
-        f"date {date.today().isoformat()}; command `python bench/bench_o1.py --rounds {rounds}`.",
+        f"date {date.today().isoformat()}; command `python -m bench.bench_o1 --rounds {rounds}`.",
         "", "Per-call cost on tiny (8x8) fp32 inputs, bf16 target (median µs per call):", "",
         "| op | unpatched | torch.autocast | apexlite O1 |", "|---|---|---|---|",
     ]
@@ -154,14 +167,15 @@ def render(case_results: Dict[str, Dict[str, float]], overhead: Dict[str, tuple]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--write", metavar="FILE", help="replace the o1 block of this markdown file")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     overhead = per_call_overhead(args.rounds)
     case_results = {name: run_case(name, spec, args.rounds, args.steps) for name, spec in CASES.items()}
     text = render(case_results, overhead, args.rounds)
-    print(text)
+    log.info("%s", text)
     if args.write:
         replace_block(args.write, "o1", text)
 

@@ -14,22 +14,17 @@ NOTE [cast cache invalidation]
 """
 from __future__ import annotations
 
-from typing import Dict, NamedTuple
+from typing import Dict, Tuple
 
 import torch
-
-
-class _Entry(NamedTuple):
-    source: torch.Tensor
-    version: int
-    cast: torch.Tensor
 
 
 class CastCache:
     """Per-session cache of weight casts, keyed by weight identity and target dtype."""
 
     def __init__(self) -> None:
-        self._entries: Dict[tuple, _Entry] = {}
+        # (id(weight), dtype) -> (weight, its _version at the cast, the cast)
+        self._entries: Dict[Tuple[int, torch.dtype], Tuple[torch.Tensor, int, torch.Tensor]] = {}
         self.casts = 0  # weight casts actually performed since the last `reset_counters`
         self.hits = 0
 
@@ -42,19 +37,16 @@ class CastCache:
         """`tensor.to(dtype)`, served from the cache when the cached copy is still valid."""
         key = (id(tensor), dtype)
         entry = self._entries.get(key)
-        needs_grad = tensor.requires_grad and torch.is_grad_enabled()
-        if (
-            entry is not None
-            and entry.source is tensor
-            and entry.version == tensor._version
-            and (entry.cast.requires_grad or not needs_grad)
-        ):
-            self.hits += 1
-            return entry.cast
+        if entry is not None:
+            source, version, cast = entry
+            if (source is tensor and version == tensor._version
+                    and (cast.requires_grad or not (tensor.requires_grad and torch.is_grad_enabled()))):
+                self.hits += 1
+                return cast
         cast = tensor.to(dtype)
         self.casts += 1
         if not torch.is_inference_mode_enabled():
-            self._entries[key] = _Entry(tensor, tensor._version, cast)
+            self._entries[key] = (tensor, tensor._version, cast)
         return cast
 
     def clear(self) -> None:

@@ -39,6 +39,9 @@ def scale_loss(loss: torch.Tensor, optimizers: Any, loss_id: int = 0, model: Any
     amp_optimizers = [session.amp_optimizer(opt) for opt in _as_optimizer_list(optimizers)]
     scaler = session.loss_scalers[loss_id]
     session.stats.record_loss(loss)
+    # The forward is over: the graph keeps the casts it saved, and the cache letting go of them now
+    # lets backward free each one as soon as its node has run (as torch.autocast's cache does).
+    session.release_casts()
 
     no_bookkeeping = not session.properties.master_weights and not scaler.checks_overflow
     if no_bookkeeping:

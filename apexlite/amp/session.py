@@ -100,6 +100,10 @@ class AmpSession:
         finally:
             self.cast_state.enabled = previous
 
+    def release_casts(self) -> None:
+        """Drop cached weight casts without ending the iteration (the forward pass is over)."""
+        self.cache.clear()
+
     def end_iteration(self) -> None:
         """Iteration boundary: drop cached weight casts."""
         self.stats.record_casts(self.cache)

@@ -33,14 +33,19 @@ class CastState:
 
 
 def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) -> Callable:
+    """The per-tensor cast of one wrapper (hot path: every patched call runs it per argument)."""
     cache = state.cache if use_cache else None
+    castable = CASTABLE_DTYPES
+    parameter = torch.nn.Parameter
 
     def cast(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.dtype is dtype or tensor.dtype not in CASTABLE_DTYPES:
+        source_dtype = tensor.dtype
+        if source_dtype is dtype or source_dtype not in castable:
             return tensor
         if state.log_casts:
-            log.debug("%s->%s (%s)", tensor.dtype, dtype, name)
-        if cache is not None and cache.is_cacheable(tensor):
+            log.debug("%s->%s (%s)", source_dtype, dtype, name)
+        # weights only (see CastCache.is_cacheable), inlined
+        if cache is not None and tensor.is_leaf and (tensor.requires_grad or isinstance(tensor, parameter)):
             return cache.cast(tensor, dtype)
         return tensor.to(dtype)
 
@@ -48,7 +53,7 @@ def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) ->
 
 
 def _cast_call(original, instance, args, kwargs, cast) -> Any:
-    args = [map_tensors(arg, cast) for arg in args]
+    args = [cast(arg) if isinstance(arg, torch.Tensor) else map_tensors(arg, cast) for arg in args]
     if kwargs:
         kwargs = {key: map_tensors(value, cast) for key, value in kwargs.items()}
     if instance is None:

@@ -121,3 +121,20 @@ def test_rnn_cells_run_in_low_precision(cls):
         amp.deinitialize()
     for tensor in (out if isinstance(out, tuple) else (out,)):
         assert tensor.dtype is torch.bfloat16
+
+
+def test_scale_loss_lets_backward_free_the_weight_casts(o1_model):
+    # like torch.autocast: once the forward is over the cache lets go, so each low-precision weight
+    # copy dies as soon as the backward node that saved it has run, not at the end of the iteration
+    import weakref
+
+    model, opt = o1_model
+    loss = model(torch.randn(2, 6)).float().sum()
+    casts = [weakref.ref(entry[2]) for entry in current_session().cache._entries.values()]
+    assert len(casts) == 2 and all(ref() is not None for ref in casts)
+    with amp.scale_loss(loss, opt) as scaled:
+        assert len(current_session().cache) == 0
+        del loss
+        scaled.backward()
+        del scaled
+        assert all(ref() is None for ref in casts)

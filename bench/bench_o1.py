@@ -142,14 +142,14 @@ def per_call_overhead(rounds: int) -> Dict[str, float]:
     return out
 
 
-def render(case_results: Dict[str, Dict[str, float]], overhead: Dict[str, tuple], rounds: int) -> str:
+def render(case_results: Dict[str, Dict[str, float]], overhead: Dict[str, tuple], rounds: int, steps: int) -> str:
     lines = [
         "## O1 vs torch.autocast (CPU)", "",
         "Each round times every variant in its own block of steps, in an order that alternates between "
         "rounds; apexlite is initialized before and deinitialized after its block, so the other "
         "variants run on unpatched torch.", "",
         f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
-        f"date {date.today().isoformat()}; command `python -m bench.bench_o1 --rounds {rounds}`.",
+        f"date {date.today().isoformat()}; command `python -m bench.bench_o1 --rounds {rounds} --steps {steps}`.",
         "", "Per-call cost on tiny (8x8) fp32 inputs, bf16 target (median µs per call):", "",
         "| op | unpatched | torch.autocast | apexlite O1 |", "|---|---|---|---|",
     ]
@@ -174,7 +174,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     overhead = per_call_overhead(args.rounds)
     case_results = {name: run_case(name, spec, args.rounds, args.steps) for name, spec in CASES.items()}
-    text = render(case_results, overhead, args.rounds)
+    text = render(case_results, overhead, args.rounds, args.steps)
     log.info("%s", text)
     if args.write:
         replace_block(args.write, "o1", text)

@@ -1,6 +1,6 @@
 """O0-O3 on a small transformer (CPU): step time vs O0 and vs torch.autocast, peak memory, bytes/param.
 
-    python bench/bench_opt_levels.py [--rounds 5] [--write BENCHMARKS.md]
+    python -m bench.bench_opt_levels [--rounds 5] [--write BENCHMARKS.md]
 
 Bytes per parameter count what training holds right after backward (the peak between backward and
 step): model params + model grads + fp32 masters + master grads + optimizer state.
@@ -104,8 +104,9 @@ def run(rounds: int, steps: int) -> Dict[str, Dict[str, float]]:
 
 def render(results: Dict[str, Dict[str, float]], rounds: int) -> str:
     lines = [
+        "## O0-O3 on a tiny transformer (CPU)", "",
         f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
-        f"date {date.today().isoformat()}; command `python bench/bench_opt_levels.py --rounds {rounds}`. "
+        f"date {date.today().isoformat()}; command `python -m bench.bench_opt_levels --rounds {rounds}`. "
         f"Model: {LAYERS}-layer transformer encoder, d_model {D_MODEL}, seq {SEQ}, batch {BATCH}, Adam.",
         "", "| run | step ms (median) | vs O0 | vs torch.autocast (same dtype) | bytes/param after backward |",
         "|---|---|---|---|---|",

@@ -5,8 +5,10 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
+from apexlite.optimizers._base import ApexStyleOptimizer
 
-class FusedAdagrad(torch.optim.Optimizer):
+
+class FusedAdagrad(ApexStyleOptimizer):
     """Adagrad with apex's constructor; matches torch.optim.Adagrad (lr_decay=0) when adagrad_w_mode=False.
 
     Per param (fp32 math, state ``sum`` in fp32): L2 mode: g += wd*p; sum += g*g;
@@ -25,15 +27,9 @@ class FusedAdagrad(torch.optim.Optimizer):
         self.adagrad_w_mode = adagrad_w_mode
         self.set_grad_none = set_grad_none
 
-    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
-        super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
-
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._closure_loss(closure)
         for group in self.param_groups:
             lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
             for param in group["params"]:

@@ -5,6 +5,8 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Unio
 
 import torch
 
+from apexlite.optimizers._base import ApexStyleOptimizer
+
 from apexlite.optimizers import _adam_state as adam_state
 from apexlite.optimizers._adam_step import IMPLEMENTATIONS, fused_adam_step
 
@@ -42,7 +44,7 @@ def _bump_versions(tensors: Iterable[torch.Tensor]) -> None:
         torch._C._autograd._increment_version(tensor)
 
 
-class FusedAdam(torch.optim.Optimizer):
+class FusedAdam(ApexStyleOptimizer):
     r"""Adam and AdamW with apex's constructor, running one fused update per (device, dtype) group.
 
     For each parameter with a gradient, at step :math:`t`:
@@ -162,10 +164,6 @@ class FusedAdam(torch.optim.Optimizer):
         group = self.param_groups[-1]
         _check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
 
-    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
-        """Clears gradients; ``set_to_none`` defaults to the constructor's ``set_grad_none``."""
-        super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
-
     def enable_master_weights(self, initial_masters: Optional[Mapping[torch.Tensor, torch.Tensor]] = None) -> None:
         """Switches master weights on for an optimizer whose params are (now) fp16/bf16.
 
@@ -222,10 +220,7 @@ class FusedAdam(torch.optim.Optimizer):
     def step(self, closure: Optional[Callable[[], Any]] = None, **legacy: Any) -> Any:
         """Performs one optimisation step; returns the closure's loss when a closure is given."""
         self._reject_legacy_arguments(legacy)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._closure_loss(closure)
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
         for group in self.param_groups:

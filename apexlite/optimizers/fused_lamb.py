@@ -5,8 +5,10 @@ from typing import Any, Callable, Iterable, Optional, Tuple
 
 import torch
 
+from apexlite.optimizers._base import ApexStyleOptimizer
 
-class FusedLAMB(torch.optim.Optimizer):
+
+class FusedLAMB(ApexStyleOptimizer):
     """LAMB with apex's constructor and update rule (fp32 math and state; params may be fp16/bf16).
 
     Each step: the L2 norm G of all gradients (over every group) is computed; when
@@ -35,9 +37,6 @@ class FusedLAMB(torch.optim.Optimizer):
         self.set_grad_none = set_grad_none
         self.use_nvlamb = use_nvlamb
 
-    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
-        super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
-
     def _global_grad_norm(self) -> torch.Tensor:
         grads = [p.grad.float() for g in self.param_groups for p in g["params"] if p.grad is not None]
         if not grads:
@@ -49,10 +48,7 @@ class FusedLAMB(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._closure_loss(closure)
         global_norm = self._global_grad_norm()
         for group in self.param_groups:
             self._step_group(group, global_norm)

@@ -5,8 +5,10 @@ from typing import Any, Callable, Iterable, Optional, Tuple
 
 import torch
 
+from apexlite.optimizers._base import ApexStyleOptimizer
 
-class FusedNovoGrad(torch.optim.Optimizer):
+
+class FusedNovoGrad(ApexStyleOptimizer):
     """NovoGrad with apex's constructor and update rule (fp32 math and state).
 
     Per tensor, n = ||g|| (L2 for norm_type=2, max-abs for norm_type=0). The second moment is one
@@ -33,15 +35,9 @@ class FusedNovoGrad(torch.optim.Optimizer):
         self.moment_mode = 0 if reg_inside_moment else 1
         self.set_grad_none = set_grad_none
 
-    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
-        super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
-
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._closure_loss(closure)
         for group in self.param_groups:
             group["step"] = group.get("step", 0) + 1
             for param in group["params"]:

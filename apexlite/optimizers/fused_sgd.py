@@ -6,8 +6,10 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 from torch.optim.optimizer import required
 
+from apexlite.optimizers._base import ApexStyleOptimizer
 
-class FusedSGD(torch.optim.Optimizer):
+
+class FusedSGD(ApexStyleOptimizer):
     """SGD with apex's constructor; the update matches torch.optim.SGD when wd_after_momentum=False.
 
     Per param, with gradient g (computed in fp32, written back in the param's dtype):
@@ -37,15 +39,9 @@ class FusedSGD(torch.optim.Optimizer):
         self.most_recent_scale = 1.0
         self.scale_set_by_backward = False
 
-    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
-        super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
-
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._closure_loss(closure)
         for group in self.param_groups:
             wd, momentum = group["weight_decay"], group["momentum"]
             for param in group["params"]:

@@ -1,0 +1,24 @@
+"""What apexlite's optimizers share with apex's: `set_grad_none` as zero_grad's default, closures."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+
+class ApexStyleOptimizer(torch.optim.Optimizer):
+    """A torch Optimizer whose `zero_grad()` defaults to the constructor's `set_grad_none`."""
+
+    set_grad_none: bool = True
+
+    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
+        """Clears gradients; ``set_to_none`` defaults to the constructor's ``set_grad_none``."""
+        super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
+
+    @staticmethod
+    def _closure_loss(closure: Optional[Callable[[], Any]]) -> Any:
+        """Re-evaluate the model with grad enabled when a closure is given (torch's step contract)."""
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()

@@ -58,8 +58,9 @@ def _fused_adam_runs(rank: int, world: int) -> Dict[str, dict]:
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
             model, optimizer = amp.initialize(model, optimizer, opt_level="O2", **AMP_KWARGS)
         else:
-            optimizer = FusedAdam(model.parameters(), lr=1e-2, master_weights=True)
-            model, optimizer = amp.initialize(model, optimizer, opt_level="O2", master_weights=False, **AMP_KWARGS)
+            # plain O2: amp keeps the fp32 masters inside FusedAdam and its kernel unscales the half grads
+            optimizer = FusedAdam(model.parameters(), lr=1e-2)
+            model, optimizer = amp.initialize(model, optimizer, opt_level="O2", **AMP_KWARGS)
         ddp = DistributedDataParallel(model)
         data = teacher_batches()
         grad_dtypes = set()
@@ -69,6 +70,8 @@ def _fused_adam_runs(rank: int, world: int) -> Dict[str, dict]:
             with amp.scale_loss(loss, optimizer) as scaled:
                 scaled.backward()
             grad_dtypes |= {str(p.grad.dtype) for group in optimizer.param_groups for p in group["params"]}
+            grad_dtypes |= {str(s["master_param"].grad.dtype) for s in optimizer.state.values()
+                            if "master_param" in s and s["master_param"].grad is not None}
             optimizer.step()
             optimizer.zero_grad()
         out[name] = dict(params=[p.detach().float().clone() for p in ddp.parameters()], grad_dtypes=grad_dtypes,

@@ -31,7 +31,8 @@ class CastCache:
     @staticmethod
     def is_cacheable(tensor: torch.Tensor) -> bool:
         """Weights only: a leaf that is a Parameter or requires grad."""
-        return tensor.is_leaf and (tensor.requires_grad or isinstance(tensor, torch.nn.Parameter))
+        return tensor.is_leaf and (tensor.requires_grad or (
+            type(tensor) is not torch.Tensor and isinstance(tensor, torch.nn.Parameter)))
 
     def cast(self, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """`tensor.to(dtype)`, served from the cache when the cached copy is still valid."""

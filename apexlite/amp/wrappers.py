@@ -37,6 +37,7 @@ def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) ->
     cache = state.cache if use_cache else None
     castable = CASTABLE_DTYPES
     parameter = torch.nn.Parameter
+    plain_tensor = torch.Tensor
 
     def cast(tensor: torch.Tensor) -> torch.Tensor:
         source_dtype = tensor.dtype
@@ -44,8 +45,9 @@ def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) ->
             return tensor
         if state.log_casts:
             log.debug("%s->%s (%s)", source_dtype, dtype, name)
-        # weights only (see CastCache.is_cacheable), inlined
-        if cache is not None and tensor.is_leaf and (tensor.requires_grad or isinstance(tensor, parameter)):
+        # weights only (CastCache.is_cacheable, inlined); a plain Tensor skips Parameter's slow isinstance
+        if cache is not None and tensor.is_leaf and (
+                tensor.requires_grad or (type(tensor) is not plain_tensor and isinstance(tensor, parameter))):
             return cache.cast(tensor, dtype)
         return tensor.to(dtype)
 
@@ -62,8 +64,13 @@ def _cast_call(original, instance, args, kwargs, cast) -> Any:
 
 
 def _fixed_dtype_wrapper(state: CastState, original: Callable, name: str, low: bool) -> Callable:
-    """LOW_PRECISION (cached, dtype read per call) or FLOAT (uncached) casts."""
+    """LOW_PRECISION (cached, dtype read per call) or FLOAT (uncached) casts.
+
+    The common call (plain function, positional tensor/scalar arguments, no casts logged) is handled
+    inline: this wrapper runs on every patched call, and each extra Python frame is measurable.
+    """
     casters = {}
+    tensor_type = torch.Tensor
 
     def wrapper(wrapped, instance, args, kwargs):
         if not state.enabled:
@@ -72,7 +79,17 @@ def _fixed_dtype_wrapper(state: CastState, original: Callable, name: str, low: b
         cast = casters.get(dtype)
         if cast is None:
             cast = casters[dtype] = _caster(state, dtype, name, use_cache=low)
-        return _cast_call(original, instance, args, kwargs, cast)
+        if instance is not None or kwargs or state.log_casts:
+            return _cast_call(original, instance, args, kwargs, cast)
+        cast_args = []
+        for arg in args:
+            if isinstance(arg, tensor_type):
+                if arg.dtype is not dtype:
+                    arg = cast(arg)
+            elif isinstance(arg, (list, tuple, dict)):
+                arg = map_tensors(arg, cast)
+            cast_args.append(arg)
+        return original(*cast_args)
 
     return wrapper
 

@@ -18,6 +18,8 @@ from typing import Dict, Tuple
 
 import torch
 
+from apexlite.amp.policies import CONVERTERS
+
 
 class CastCache:
     """Per-session cache of weight casts, keyed by weight identity and target dtype."""
@@ -44,7 +46,7 @@ class CastCache:
                     and (cast.requires_grad or not (tensor.requires_grad and torch.is_grad_enabled()))):
                 self.hits += 1
                 return cast
-        cast = tensor.to(dtype)
+        cast = CONVERTERS[dtype](tensor)
         self.casts += 1
         if not torch.is_inference_mode_enabled():
             self._entries[key] = (tensor, tensor._version, cast)

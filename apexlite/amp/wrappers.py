@@ -14,7 +14,7 @@ import wrapt
 from apexlite._logging import get_logger
 from apexlite.amp.lists import BANNED_MESSAGES
 from apexlite.amp.policies import (
-    CASTABLE_DTYPES, CastPolicy, collect_float_dtypes, is_low_precision, map_tensors, widest,
+    CASTABLE_DTYPES, CONVERTERS, CastPolicy, collect_float_dtypes, is_low_precision, map_tensors, widest,
 )
 
 log = get_logger("amp.casts")
@@ -38,6 +38,7 @@ def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) ->
     castable = CASTABLE_DTYPES
     parameter = torch.nn.Parameter
     plain_tensor = torch.Tensor
+    convert = CONVERTERS[dtype]
 
     def cast(tensor: torch.Tensor) -> torch.Tensor:
         source_dtype = tensor.dtype
@@ -49,7 +50,7 @@ def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) ->
         if cache is not None and tensor.is_leaf and (
                 tensor.requires_grad or (type(tensor) is not plain_tensor and isinstance(tensor, parameter))):
             return cache.cast(tensor, dtype)
-        return tensor.to(dtype)
+        return convert(tensor)
 
     return cast
 

@@ -164,12 +164,16 @@ def test_sparse_grads_under_o2_are_refused():
             scaled.backward()
 
 
-# Pure bf16 (O3 with bfloat16, no master weights) lags fp32 by ~28% on this task: that is what O2's
-# masters are for, so it is not among the cases held to the 15% bound.
-@pytest.mark.parametrize("opt_level,low", [("O0", torch.float16), ("O1", torch.float16), ("O2", torch.float16),
-                                           ("O3", torch.float16), ("O1", torch.bfloat16), ("O2", torch.bfloat16)],
-                         ids=str)
-def test_small_regression_trains_close_to_fp32(opt_level, low):
+# (opt level, low dtype, allowed final loss relative to fp32). Every level is held to 15%, except
+# pure bf16 (O3 with bfloat16, no master weights): bf16 weights drop Adam updates smaller than their
+# 8-bit mantissa can hold, so it lags fp32 by ~29% here. That is what O2's masters fix (held to 15%).
+REGRESSION_CASES = [("O0", torch.float16, 1.15), ("O1", torch.float16, 1.15), ("O2", torch.float16, 1.15),
+                    ("O3", torch.float16, 1.15), ("O1", torch.bfloat16, 1.15), ("O2", torch.bfloat16, 1.15),
+                    ("O3", torch.bfloat16, 1.35)]
+
+
+@pytest.mark.parametrize("opt_level,low,bound", REGRESSION_CASES, ids=str)
+def test_small_regression_trains_close_to_fp32(opt_level, low, bound):
     torch.manual_seed(0)
     x = torch.randn(256, 8)
     y = x @ torch.randn(8, 1) + 0.1 * torch.randn(256, 1)
@@ -195,7 +199,7 @@ def test_small_regression_trains_close_to_fp32(opt_level, low):
         return final
 
     fp32, mixed = train(None), train(opt_level)
-    assert mixed <= fp32 * 1.15 + 1e-3, (opt_level, mixed, fp32)
+    assert mixed <= fp32 * bound + 1e-3, (opt_level, mixed, fp32)
 
 
 RESUME_SCRIPT = textwrap.dedent('''

@@ -71,15 +71,17 @@ class ApexAliasFinder(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
         self.aliases: List[str] = []
 
-    def _publish_loaded(self) -> None:
+    def _publish_loaded(self, requested: str) -> None:
         """Alias every compat module already imported, so later imports hit sys.modules directly.
 
         Doing this eagerly keeps package attributes intact: `apex.amp._amp_state` stays the state
         object even after `import apex.amp._amp_state` (only a fresh load rebinds the attribute).
+        The name being imported is left to the import system: finding it in sys.modules already,
+        importlib would take the module's own spec and execute its file a second time.
         """
         for module_name, module in list(sys.modules.items()):
             alias = legacy_name(module_name)
-            if alias is not None and alias not in sys.modules:
+            if alias is not None and alias != requested and alias not in sys.modules:
                 sys.modules[alias] = module
                 self.aliases.append(alias)
 
@@ -97,7 +99,7 @@ class ApexAliasFinder(importlib.abc.MetaPathFinder):
                 if error.name != real:
                     raise
                 return None  # apex never had it either: a normal ImportError follows
-            self._publish_loaded()
+            self._publish_loaded(name)
         self.aliases.append(name)
         return importlib.machinery.ModuleSpec(name, _AliasLoader(module), is_package=hasattr(module, "__path__"))
 

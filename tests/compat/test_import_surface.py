@@ -125,3 +125,33 @@ def test_importing_apexlite_never_shadows_an_installed_apex(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "real apex kept" in result.stdout
+
+
+CONSISTENCY_PROBE = textwrap.dedent("""
+    import sys, types
+    from apexlite.compat import hook
+    hook.install()
+    exec(sys.argv[1])
+    problems = []
+    for name, module in list(sys.modules.items()):
+        target = hook.target_name(name)
+        if target is not None and sys.modules.get(target) is not module:
+            problems.append(f"{name} is not {target}")
+        parent, _, child = name.rpartition(".")
+        attribute = getattr(sys.modules[parent], child, None) if name.startswith("apexlite.compat.") else None
+        # (a package attribute may be a class or object of the same name, as in apex: LARC, _amp_state)
+        if isinstance(attribute, types.ModuleType) and attribute is not module:
+            problems.append(f"{name} was loaded twice: {parent}.{child} is another module object")
+    print(problems or "consistent")
+""")
+
+
+@pytest.mark.parametrize("first_import", ["import amp_C", "import apex", "from apex import amp",
+                                          "import apex.optimizers", "from apex.amp import _amp_state",
+                                          "import apex.fp16_utils; import amp_C"])
+def test_each_compat_module_loads_once_whichever_legacy_name_comes_first(first_import):
+    """A fresh process: the legacy name, the compat name and the package attribute are one module object."""
+    result = subprocess.run([sys.executable, "-c", CONSISTENCY_PROBE, first_import], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "consistent"

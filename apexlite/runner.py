@@ -16,6 +16,7 @@ from typing import List, Optional
 
 from apexlite._logging import get_logger
 from apexlite.compat import hook
+from apexlite.compat.child_path import CHILD_PATH
 
 log = get_logger("runner")
 
@@ -59,6 +60,17 @@ def _origin_of_module(name: str) -> Optional[str]:
     return spec.origin if spec is not None else None
 
 
+def _install_hook() -> None:
+    """The hook in this process, and the stand-ins first on the path of every process it starts.
+
+    multiprocessing's `spawn` children copy this `sys.path`; new interpreters read `PYTHONPATH`.
+    """
+    hook.install()
+    sys.path.insert(1, CHILD_PATH)
+    inherited = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = CHILD_PATH + (os.pathsep + inherited if inherited else "")
+
+
 def run_script(path: str, args: List[str]) -> int:
     """Run the file at `path` as __main__ with the hook installed; returns the exit status."""
     if not os.path.exists(path):
@@ -66,7 +78,7 @@ def run_script(path: str, args: List[str]) -> int:
         return 2
     sys.argv = [path, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(path))
-    hook.install()
+    _install_hook()
     try:
         runpy.run_path(path, run_name="__main__")
     except (SystemExit, KeyboardInterrupt):
@@ -78,9 +90,9 @@ def run_script(path: str, args: List[str]) -> int:
 
 def run_module(name: str, args: List[str]) -> int:
     """Run module `name` as __main__ (like `python -m name`) with the hook installed."""
-    hook.install()
     sys.argv = [name, *args]  # runpy replaces argv[0] with the module's path, as `python -m` does
     sys.path[0] = os.getcwd()
+    _install_hook()
     origin = _origin_of_module(name)
     try:
         runpy.run_module(name, run_name="__main__", alter_sys=True)

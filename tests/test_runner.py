@@ -94,6 +94,52 @@ def test_run_shadows_installed_apex_only_inside_run(tmp_path):
     assert outside.stdout.strip() == "real", outside.stderr
 
 
+SPAWNING_SCRIPT = textwrap.dedent("""
+    import multiprocessing, subprocess, sys
+    import apex
+    from apex import amp
+
+
+    def child(queue):
+        import amp_C
+        import apexlite.amp
+        import apexlite.compat.amp_C
+        queue.put((apex.__name__, amp.initialize is apexlite.amp.initialize, amp_C is apexlite.compat.amp_C))
+
+
+    if __name__ == "__main__":
+        context = multiprocessing.get_context("spawn")
+        queue = context.Queue()
+        process = context.Process(target=child, args=(queue,))
+        process.start()
+        print("spawn", *queue.get(timeout=60))
+        process.join()
+        print("spawn exit", process.exitcode)
+        probe = "import apex, amp_C; from apex.amp import scale_loss; print(apex.__name__, amp_C.__name__)"
+        print("subprocess", subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip())
+""")
+
+
+def test_children_of_a_run_resolve_apex_too(tmp_path):
+    """spawn children and new interpreters started by the script get the hook; a real apex stays shadowed."""
+    fake = tmp_path / "site" / "apex"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("REAL = True\n")
+    script = tmp_path / "spawner.py"
+    script.write_text(SPAWNING_SCRIPT)
+    env = _env(PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(ROOT)]))
+    result = apexlite_run(str(script), cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "spawn apexlite.compat.apex True True",
+        "spawn exit 0",
+        "subprocess apexlite.compat.apex apexlite.compat.amp_C",
+    ], result.stderr
+    outside = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=TIMEOUT_S,
+                             cwd=tmp_path, env=env)
+    assert outside.returncode != 0 and "REAL" not in outside.stdout  # the fake apex has no `amp`
+
+
 def test_environment_turns_fp16_script_into_bf16(tmp_path):
     script = tmp_path / "o2.py"
     script.write_text(textwrap.dedent("""

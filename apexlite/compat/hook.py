@@ -1,8 +1,9 @@
 """The import hook behind `apexlite run`: `import apex...` and `import amp_C` resolve to apexlite.compat.
 
 The hook is a `sys.meta_path` finder installed only by the runner, in the process that runs the
-script. Nothing in apexlite installs it at import time, so a real NVIDIA apex installed next to
-apexlite is never shadowed outside `apexlite run`. Aliased modules are the compat modules
+script; processes that script starts get it from the stand-ins in `child_path` (see there). Nothing
+in apexlite installs it at import time, so a real NVIDIA apex installed next to apexlite is never
+shadowed outside `apexlite run`. Aliased modules are the compat modules
 themselves (`sys.modules["apex.amp"] is apexlite.compat.apex.amp`), so isinstance checks and
 module-level state are shared whichever name a script uses.
 """
@@ -109,6 +110,28 @@ def install() -> ApexAliasFinder:
     finder = ApexAliasFinder()
     sys.meta_path.insert(0, finder)
     return finder
+
+
+def ensure_installed() -> ApexAliasFinder:
+    """This process's finder, installing one first if there is none (a child of a run)."""
+    for finder in sys.meta_path:
+        if isinstance(finder, ApexAliasFinder):
+            return finder
+    return install()
+
+
+def replace_stand_in(name: str) -> None:
+    """Run by a stand-in module of `child_path` as it is imported: let the hook provide `name`.
+
+    The stand-in leaves `sys.modules` and `name` is imported again, now through the hook; the import
+    system hands the importer whatever `sys.modules[name]` holds when the stand-in finishes.
+    """
+    if name not in TOP_LEVEL:
+        raise ImportError(f"{name} is a stand-in for a legacy top-level module; import "
+                          f"{' or '.join(TOP_LEVEL)} instead (under `python -m apexlite run`).")
+    ensure_installed()
+    del sys.modules[name]
+    importlib.import_module(name)
 
 
 def uninstall(finder: ApexAliasFinder) -> None:

@@ -73,9 +73,19 @@ def scale_loss(loss: torch.Tensor, optimizers: Any, loss_id: int = 0, model: Any
         session.end_iteration()
 
 
+def _compiling() -> bool:
+    """True while torch.compile traces this code (torch >= 2.3 can tell; older versions say False)."""
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(is_compiling is not None and is_compiling())
+
+
 @contextlib.contextmanager
 def disable_casts() -> Iterator[None]:
     """Run a block with O1 casts off (e.g. a custom op that needs its inputs untouched)."""
+    if _compiling():
+        # A graph traced here would keep the casts (they are baked in when torch.compile traces the
+        # patched ops): break the graph, so the block is traced anew with the casts really off.
+        torch._dynamo.graph_break()
     session = current_session(
         required=True,
         message="amp.disable_casts() needs an active session: call amp.initialize(..., opt_level='O1') first.",

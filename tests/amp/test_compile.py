@@ -1,0 +1,105 @@
+"""torch.compile over apexlite models: compiled O1/O2 steps equal eager ones, disable_casts is honoured.
+
+The `aot_eager` backend runs the ATen ops torch.compile captured without code generation, so results
+are comparable bit for bit with eager mode on CPU (and it compiles in about a second).
+"""
+import copy
+
+import pytest
+import torch
+
+from apexlite import amp
+
+pytestmark = pytest.mark.skipif(not hasattr(torch, "compile"), reason="needs torch.compile")
+
+
+class TwoBlocks(torch.nn.Module):
+    """A Linear under O1's casts, then one that runs with casts off (a 'custom op' block)."""
+
+    def __init__(self, protect: bool) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(16, 8)
+        self.second = torch.nn.Linear(8, 4)
+        self.protect = protect
+
+    def forward(self, x):
+        hidden = torch.relu(self.first(x))
+        if self.protect:
+            with amp.disable_casts():
+                return self.second(hidden.float())
+        return self.second(hidden)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _train(model, optimizer, x, steps, compiled):
+    forward = torch.compile(model, backend="aot_eager") if compiled else model
+    outputs = []
+    for _ in range(steps):
+        out = forward(x)
+        outputs.append(out.detach().clone())
+        with amp.scale_loss(out.float().pow(2).mean(), optimizer) as scaled:
+            scaled.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return outputs, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("opt_level,protect", [("O1", False), ("O1", True), ("O2", False)], ids=str)
+def test_compiled_training_equals_eager(opt_level, protect):
+    torch.manual_seed(0)
+    base = TwoBlocks(protect)
+    x = torch.randn(8, 16)
+    results = []
+    for compiled in (False, True):
+        model = copy.deepcopy(base)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level, dtype=torch.bfloat16,
+                                          loss_scale="dynamic", verbosity=0)
+        try:
+            results.append(_train(model, optimizer, x, steps=3, compiled=compiled))
+        finally:
+            amp.deinitialize()
+    (eager_outs, eager_params), (compiled_outs, compiled_params) = results
+    # O1 returns the last Linear's bf16 result unless it ran with casts off; O2 casts outputs to fp32
+    expected_dtype = torch.bfloat16 if opt_level == "O1" and not protect else torch.float32
+    for eager, compiled in zip(eager_outs + eager_params, compiled_outs + compiled_params):
+        assert compiled.dtype == eager.dtype
+        assert torch.equal(compiled, eager)
+    assert eager_outs[0].dtype == expected_dtype
+
+
+@pytest.mark.skipif(not hasattr(getattr(torch, "compiler", None), "is_compiling"),
+                    reason="torch < 2.3 cannot tell apexlite that it is being compiled")
+def test_disable_casts_breaks_the_graph_instead_of_keeping_casts():
+    model = TwoBlocks(protect=True)
+    amp.initialize(model, opt_level="O1", dtype=torch.bfloat16, verbosity=0)
+    try:
+        explanation = torch._dynamo.explain(model)(torch.randn(2, 16))
+        compiled = torch.compile(model, backend="aot_eager")(torch.randn(2, 16))
+    finally:
+        amp.deinitialize()
+    assert explanation.graph_break_count >= 1
+    assert compiled.dtype == torch.float32  # the protected Linear ran with casts off
+
+
+def test_compiled_module_recompiles_after_deinitialize():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4)
+    x = torch.randn(8, 16)
+    compiled = torch.compile(model, backend="aot_eager")
+    amp.initialize(model, opt_level="O1", dtype=torch.bfloat16, verbosity=0)
+    try:
+        under_o1 = compiled(x)
+    finally:
+        amp.deinitialize()
+    after = compiled(x)
+    assert under_o1.dtype == torch.bfloat16
+    assert after.dtype == torch.float32 and torch.equal(after, model(x))

@@ -30,14 +30,15 @@ class CastCache:
         self.casts = 0  # weight casts actually performed since the last `reset_counters`
         self.hits = 0
 
-    @staticmethod
-    def is_cacheable(tensor: torch.Tensor) -> bool:
-        """Weights only: a leaf that is a Parameter or requires grad."""
-        return tensor.is_leaf and (tensor.requires_grad or (
-            type(tensor) is not torch.Tensor and isinstance(tensor, torch.nn.Parameter)))
-
     def cast(self, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """`tensor.to(dtype)`, served from the cache when the cached copy is still valid."""
+        """`tensor` converted to `dtype`; weights are served from the cache while the cached copy is valid.
+
+        Weights are leaves that require grad or are Parameters (`type(...) is not torch.Tensor` spares
+        plain tensors Parameter's Python-level isinstance check: this runs on every patched call).
+        """
+        if not (tensor.is_leaf and (tensor.requires_grad or (
+                type(tensor) is not torch.Tensor and isinstance(tensor, torch.nn.Parameter)))):
+            return CONVERTERS[dtype](tensor)
         key = (id(tensor), dtype)
         entry = self._entries.get(key)
         if entry is not None:

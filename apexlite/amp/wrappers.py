@@ -36,8 +36,6 @@ def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) ->
     """The per-tensor cast of one wrapper (hot path: every patched call runs it per argument)."""
     cache = state.cache if use_cache else None
     castable = CASTABLE_DTYPES
-    parameter = torch.nn.Parameter
-    plain_tensor = torch.Tensor
     convert = CONVERTERS[dtype]
 
     def cast(tensor: torch.Tensor) -> torch.Tensor:
@@ -46,32 +44,32 @@ def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) ->
             return tensor
         if state.log_casts:
             log.debug("%s->%s (%s)", source_dtype, dtype, name)
-        # weights only (CastCache.is_cacheable, inlined); a plain Tensor skips Parameter's slow isinstance
-        if cache is not None and tensor.is_leaf and (
-                tensor.requires_grad or (type(tensor) is not plain_tensor and isinstance(tensor, parameter))):
-            return cache.cast(tensor, dtype)
+        if cache is not None:
+            return cache.cast(tensor, dtype)  # the cache decides what is a weight
         return convert(tensor)
 
     return cast
 
 
 def _cast_call(original, instance, args, kwargs, cast) -> Any:
-    args = [cast(arg) if isinstance(arg, torch.Tensor) else map_tensors(arg, cast) for arg in args]
+    """Call `original` with every floating tensor in args, kwargs (and `instance`) passed through `cast`."""
+    cast_args = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            arg = cast(arg)
+        elif isinstance(arg, (list, tuple, dict)):
+            arg = map_tensors(arg, cast)
+        cast_args.append(arg)
     if kwargs:
         kwargs = {key: map_tensors(value, cast) for key, value in kwargs.items()}
     if instance is None:
-        return original(*args, **kwargs)
-    return original(cast(instance), *args, **kwargs)
+        return original(*cast_args, **kwargs)
+    return original(cast(instance), *cast_args, **kwargs)
 
 
 def _fixed_dtype_wrapper(state: CastState, original: Callable, name: str, low: bool) -> Callable:
-    """LOW_PRECISION (cached, dtype read per call) or FLOAT (uncached) casts.
-
-    The common call (plain function, positional tensor/scalar arguments, no casts logged) is handled
-    inline: this wrapper runs on every patched call, and each extra Python frame is measurable.
-    """
+    """LOW_PRECISION (cached, dtype read per call) or FLOAT (uncached) casts."""
     casters = {}
-    tensor_type = torch.Tensor
 
     def wrapper(wrapped, instance, args, kwargs):
         if not state.enabled:
@@ -80,17 +78,7 @@ def _fixed_dtype_wrapper(state: CastState, original: Callable, name: str, low: b
         cast = casters.get(dtype)
         if cast is None:
             cast = casters[dtype] = _caster(state, dtype, name, use_cache=low)
-        if instance is not None or kwargs or state.log_casts:
-            return _cast_call(original, instance, args, kwargs, cast)
-        cast_args = []
-        for arg in args:
-            if isinstance(arg, tensor_type):
-                if arg.dtype is not dtype:
-                    arg = cast(arg)
-            elif isinstance(arg, (list, tuple, dict)):
-                arg = map_tensors(arg, cast)
-            cast_args.append(arg)
-        return original(*cast_args)
+        return _cast_call(original, instance, args, kwargs, cast)
 
     return wrapper
 

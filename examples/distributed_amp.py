@@ -48,4 +48,6 @@ gathered = [torch.empty_like(flat) for _ in range(world)]
 dist.all_gather(gathered, flat)
 assert all(torch.equal(gathered[0], g) for g in gathered), "ranks diverged"
 print("rank {}: weights identical on all {} ranks".format(rank, world))
+dist.barrier()  # no rank tears gloo down while a peer is still in a collective
+del model, optimizer  # release DDP's reducer before its process group goes away
 dist.destroy_process_group()

@@ -1,9 +1,11 @@
 """Run by test_parallel_distributed.py in 2 gloo processes: apex.parallel pieces vs single-process references."""
 import datetime
+import gc
+import os
+import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from apexlite.compat.apex import parallel
 
@@ -47,4 +49,12 @@ t = torch.full((3,), float(rank))
 parallel.Reducer([t]).reduce()
 torch.testing.assert_close(t, torch.full((3,), 0.5))
 print(f"rank {rank} ok")
+# Same teardown as tests/parallel/_launch.py: no rank leaves while its peer may be in a collective,
+# and interpreter teardown is skipped (gloo/DDP C++ threads destroyed at exit can abort a finished rank).
+dist.barrier()
+del model
+gc.collect()
 dist.destroy_process_group()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from apexlite.compat._unsupported import unsupported
+from apexlite.compat._unsupported import unsupported_class
 from apexlite.optimizers.fused_adagrad import FusedAdagrad
 from apexlite.optimizers.fused_lamb import FusedLAMB
 from apexlite.optimizers.fused_novograd import FusedNovoGrad
 from apexlite.optimizers.fused_sgd import FusedSGD
 
-FP16_Optimizer = unsupported(
+FP16_Optimizer = unsupported_class(
     "apex.optimizers.FP16_Optimizer (the pre-2019 optimizer wrapper)",
     "Use apex.fp16_utils.FP16_Optimizer, or better amp.initialize(model, optimizer, opt_level='O2').",
 )
-FusedMixedPrecisionLamb = unsupported(
+FusedMixedPrecisionLamb = unsupported_class(
     "apex.optimizers.FusedMixedPrecisionLamb",
     "Use apex.optimizers.FusedLAMB with amp.initialize(..., opt_level='O2') for fp32 master weights.",
 )

@@ -6,11 +6,12 @@ set `noop_flag` to 1 when they meet a non-finite input and still compute every o
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 from apexlite.compat._unsupported import unsupported
+from apexlite.compat.loss_scale_hysteresis import update_scale_hysteresis  # noqa: F401  (an amp_C op)
 
 Lists = Sequence[Sequence[torch.Tensor]]
 
@@ -60,18 +61,19 @@ def multi_tensor_axpby(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: L
 
 
 def multi_tensor_l2norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists,
-                        per_tensor: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(total L2 norm as a 1-element fp32 tensor, per-tensor norms or an empty tensor)."""
+                        per_tensor: Optional[bool] = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(total L2 norm, per-tensor norms), as apex returned them: fp32 tensors on the tensors' device,
+    the total of shape (1,), the per-tensor norms of shape (len(tensors),), or (0,) unless `per_tensor`."""
     _check_depth(tensor_lists, 1, "multi_tensor_l2norm")
     tensors = [t.float() for t in tensor_lists[0]]
     _flag_non_finite(noop_flag, tensors)
     norms = torch.stack(torch._foreach_norm(tensors, 2.0))
     total = norms.norm(2).reshape(1)
-    return total, (norms if per_tensor else torch.empty(0, device=total.device))
+    return total, (norms if per_tensor else torch.empty(0, dtype=torch.float32, device=total.device))
 
 
 def multi_tensor_unscale_l2norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists,
-                                inv_scale: torch.Tensor, per_tensor: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+                                inv_scale: torch.Tensor, per_tensor: Optional[bool] = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """The L2 norm of the tensors multiplied by `inv_scale` (the tensors themselves are unchanged)."""
     _check_depth(tensor_lists, 1, "multi_tensor_unscale_l2norm")
     scaled = [[t.float() * inv_scale for t in tensor_lists[0]]]
@@ -84,7 +86,3 @@ multi_tensor_adam = unsupported("amp_C.multi_tensor_adam", _OPTIMIZER_ADVICE.for
 multi_tensor_adagrad = unsupported("amp_C.multi_tensor_adagrad", _OPTIMIZER_ADVICE.format("FusedAdagrad"))
 multi_tensor_novograd = unsupported("amp_C.multi_tensor_novograd", _OPTIMIZER_ADVICE.format("FusedNovoGrad"))
 multi_tensor_lamb = unsupported("amp_C.multi_tensor_lamb", _OPTIMIZER_ADVICE.format("FusedLAMB"))
-update_scale_hysteresis = unsupported(
-    "amp_C.update_scale_hysteresis",
-    "Use torch.amp.GradScaler (or amp.scale_loss, whose loss scaler follows apex's dynamic rule).",
-)

@@ -30,10 +30,15 @@ def _half_params_without_masters(properties: Any, low_dtype: torch.dtype) -> boo
 
 
 def _sqrt_eps_optimizer_class(optimizer: Any) -> str:
-    """The torch.optim class name when `optimizer` is one of SQRT_EPS_OPTIMIZERS (exact type), else ''."""
-    name = type(optimizer).__name__
-    if name in SQRT_EPS_OPTIMIZERS and type(optimizer) is getattr(torch.optim, name, None):
-        return name
+    """The name of the SQRT_EPS_OPTIMIZERS class whose step() `optimizer` runs, else ''.
+
+    A subclass that keeps torch's step() falls into the same trap; one with its own step() may
+    compute differently, so it is not guessed at.
+    """
+    known = {getattr(torch.optim, name, None): name for name in SQRT_EPS_OPTIMIZERS}
+    for cls in type(optimizer).__mro__:  # most derived first: AdamW before the Adam it extends
+        if cls in known:
+            return known[cls] if type(optimizer).step is cls.step else ""
     return ""
 
 

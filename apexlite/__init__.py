@@ -6,6 +6,7 @@
 """
 from apexlite import amp
 from apexlite.amp import deinitialize, initialize, scale_loss
+from apexlite.parallel import overflow as _overflow_agreement  # noqa: F401  (plugs itself into amp)
 
 __version__ = "0.1.0"
 

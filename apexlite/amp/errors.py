@@ -11,3 +11,7 @@ class AmpStateError(RuntimeError):
 
 class AmpUsageError(RuntimeError):
     """An amp API received an object it cannot work with (wrong type, unknown optimizer, ...)."""
+
+
+class NonFiniteLossError(AmpStateError):
+    """The loss itself was inf/NaN for too many consecutive iterations: scaling cannot help."""

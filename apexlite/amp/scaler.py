@@ -1,8 +1,9 @@
 """LossScaler: static or dynamic loss scaling with apex's rules and checkpoint format.
 
 Dynamic rule (a pure function, `next_scale`): start at min(2**16, max_loss_scale); on an overflow
-halve the scale (never below `min_loss_scale` when one is set) and restart the clean-step count;
-after `scale_window` consecutive clean `scale_loss` exits double it (never above `max_loss_scale`).
+halve the scale (never below `min_loss_scale` when one is set, nor below SCALE_FLOOR, where 1/scale
+is still a comfortable float32) and restart the clean-step count; after `scale_window` consecutive
+clean `scale_loss` exits double it (never above `max_loss_scale`).
 
 Overflow detection is one fused device-side pass per (device, dtype) group
 (`torch._amp_foreach_non_finite_check_and_unscale_`) that unscales and sets a `found_inf` tensor;
@@ -10,23 +11,34 @@ the only host sync is reading that flag once in `update_scale`.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from typing import Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-from apexlite.parallel.overflow import distributed_overflow_sync
+from apexlite._logging import get_logger
+from apexlite.amp.errors import AmpConfigError, NonFiniteLossError
 
 LossScaleSpec = Union[float, str]
+FoundInf = Dict[torch.device, torch.Tensor]
+# Makes the found-inf flags agree across processes before they are read (see NOTE [overflow agreement]
+# in apexlite/parallel/overflow.py, which provides the distributed one).
+OverflowSync = Callable[[FoundInf], None]
+
+# Below this a dynamic scale stops halving: apex let it fall to 0, where 1/scale is inf and every
+# unscaled gradient (and then every weight) becomes NaN. Overflows at this scale come from inf/NaN in
+# the forward pass or the loss, which no scale can fix.
+SCALE_FLOOR = 2.0 ** -24
+
+log = get_logger("amp")
 
 
 def next_scale(scale: float, unskipped: int, overflow: bool, *, scale_factor: float, scale_window: int,
                min_loss_scale: Optional[float], max_loss_scale: float) -> Tuple[float, int]:
     """The dynamic scaler's transition: (scale, clean-step count) after one `scale_loss` exit."""
     if overflow:
-        scale = scale / scale_factor
-        if min_loss_scale:
-            scale = max(min_loss_scale, scale)
+        scale = max(scale / scale_factor, min_loss_scale or SCALE_FLOOR, SCALE_FLOOR)
         return scale, 0
     unskipped += 1
     if unskipped == scale_window:
@@ -63,7 +75,7 @@ class LossScaler:
 
     def __init__(self, loss_scale: LossScaleSpec, init_scale: float = 2.0 ** 16, scale_factor: float = 2.0,
                  scale_window: int = 2000, min_loss_scale: Optional[float] = None,
-                 max_loss_scale: float = 2.0 ** 24) -> None:
+                 max_loss_scale: float = 2.0 ** 24, overflow_sync: Optional[OverflowSync] = None) -> None:
         self.dynamic = loss_scale == "dynamic"
         self._loss_scale = min(max_loss_scale, init_scale) if self.dynamic else float(loss_scale)
         self._unskipped = 0
@@ -73,8 +85,10 @@ class LossScaler:
         self._max_loss_scale = max_loss_scale
         self._found_inf: Dict[torch.device, torch.Tensor] = {}
         self._has_overflow = False
+        self._nonfinite_losses = 0  # consecutive overflow steps whose loss itself was inf/NaN
+        self.nonfinite_loss_limit = 0  # set by the session; 0 = never stop the run
         # NOTE [overflow agreement] (apexlite/parallel/overflow.py): None in a single process
-        self.overflow_sync = distributed_overflow_sync()
+        self.overflow_sync = overflow_sync
 
     def loss_scale(self) -> float:
         return self._loss_scale
@@ -128,14 +142,63 @@ class LossScaler:
             self._unskipped += 1
         return overflow
 
+    def count_loss(self, loss: torch.Tensor) -> None:
+        """After an overflow: count consecutive non-finite losses and stop the run at the limit.
+
+        Reads the loss on the host, only on overflow steps (normal steps cost nothing extra).
+        """
+        if bool(torch.isfinite(loss.detach()).all()):
+            self._nonfinite_losses = 0
+            return
+        self._nonfinite_losses += 1
+        if self.nonfinite_loss_limit and self._nonfinite_losses >= self.nonfinite_loss_limit:
+            raise NonFiniteLossError(
+                f"the loss itself was inf/NaN in {self._nonfinite_losses} consecutive iterations (loss scale "
+                f"now {self._loss_scale:g}): loss scaling cannot fix a non-finite loss, and every step was "
+                "skipped. Look for NaN/inf in the inputs, labels or forward pass (e.g. "
+                "torch.autograd.set_detect_anomaly(True), a log of 0, a too-high learning rate). The "
+                "limit is amp.initialize(..., max_nonfinite_losses=N); 0 disables this check."
+            )
+
+    def note_clean_step(self) -> None:
+        self._nonfinite_losses = 0
+
     def state_dict(self) -> dict:
         return {"loss_scale": self._loss_scale, "unskipped": self._unskipped}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Accept apex's `{loss_scale, unskipped}` or a torch GradScaler state dict."""
-        if "scale" in state and "loss_scale" not in state:
-            self._loss_scale = float(state["scale"])
-            self._unskipped = int(state.get("_growth_tracker", 0))
-            return
-        self._loss_scale = float(state["loss_scale"])
-        self._unskipped = int(state["unskipped"])
+    def load_state_dict(self, state: Any) -> None:
+        """Accept apex's `{loss_scale, unskipped}` or a torch GradScaler state dict (validated first)."""
+        self._loss_scale, self._unskipped = parse_scaler_state(state, self._max_loss_scale)
+
+
+def parse_scaler_state(state: Any, max_loss_scale: float, name: str = "loss scaler state") -> Tuple[float, int]:
+    """(loss_scale, unskipped) from apex's or torch GradScaler's format; a clear error for anything else.
+
+    A scale above `max_loss_scale` is clamped with a warning (the scaler would never reach it).
+    """
+    expected = "{'loss_scale': <finite float > 0>, 'unskipped': <int >= 0>}"
+    if not isinstance(state, dict):
+        raise AmpConfigError(f"{name} must be a dict like {expected}; got {type(state).__name__}.")
+    if "scale" in state and "loss_scale" not in state:  # torch.amp.GradScaler.state_dict()
+        scale, unskipped = state["scale"], state.get("_growth_tracker", 0)
+    else:
+        missing = [key for key in ("loss_scale", "unskipped") if key not in state]
+        if missing:
+            raise AmpConfigError(f"{name} lacks {', '.join(missing)}: expected {expected}; got keys {sorted(state)}.")
+        scale, unskipped = state["loss_scale"], state["unskipped"]
+    if isinstance(scale, torch.Tensor) and scale.numel() == 1:
+        scale = scale.item()
+    if isinstance(unskipped, torch.Tensor) and unskipped.numel() == 1 and not unskipped.is_floating_point():
+        unskipped = unskipped.item()
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise AmpConfigError(
+            f"{name}: loss_scale must be a finite number > 0 (a negative scale would flip every gradient); "
+            f"got {scale!r}. Expected {expected}."
+        )
+    if isinstance(unskipped, bool) or not isinstance(unskipped, int) or unskipped < 0:
+        raise AmpConfigError(f"{name}: unskipped must be an int >= 0; got {unskipped!r}. Expected {expected}.")
+    if scale > max_loss_scale:
+        log.warning("%s: loss_scale %g is above max_loss_scale %g; using %g", name, scale, max_loss_scale,
+                    max_loss_scale)
+        scale = max_loss_scale
+    return float(scale), unskipped

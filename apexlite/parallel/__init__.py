@@ -1,7 +1,7 @@
 """apexlite on torch.distributed: DDP with a gradient-communication dtype, FSDP helpers, SyncBatchNorm.
 
-Names are loaded on first use, so `import apexlite` does not import torch's FSDP machinery, and
-`apexlite.amp.scaler` can import `apexlite.parallel.overflow` without an import cycle.
+Names are loaded on first use, so `import apexlite` does not import torch's FSDP machinery (it imports
+only `overflow`, which plugs the cross-rank overflow agreement into the amp layer).
 See docs/distributed.md.
 """
 from __future__ import annotations

@@ -13,21 +13,22 @@ its flag (MAX over the default group) just before the one host read in `LossScal
 That is 4 bytes per `scale_loss` per rank; in a single process the hook is None and costs nothing.
 Every rank must then run the same number of checking `scale_loss` exits (the usual SPMD loop).
 
-This module imports only torch, so `apexlite.amp.scaler` can use it without an import cycle.
+The amp layer knows nothing of torch.distributed: this module plugs `distributed_overflow_sync` into
+it (`register_overflow_agreement`, done when apexlite is imported), and the session asks it for each
+loss scaler it creates.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 import torch.distributed as dist
 
 from apexlite._logging import get_logger
+from apexlite.amp.scaler import FoundInf, OverflowSync
+from apexlite.amp.session import current_session, register_overflow_agreement
 
 log = get_logger("parallel")
-
-FoundInf = Dict[torch.device, torch.Tensor]
-OverflowSync = Callable[[FoundInf], None]
 
 
 def _comm_device(group: Optional[Any]) -> torch.device:
@@ -81,8 +82,6 @@ def sync_overflow(process_group: Optional[Any] = None, *, enabled: bool = True,
         scalers: the LossScaler objects to configure (default: every scaler of the current session).
     """
     if scalers is None:
-        from apexlite.amp.session import current_session
-
         session = current_session(
             message="apexlite.parallel.sync_overflow needs an amp session: call amp.initialize first.")
         scalers = session.loss_scalers
@@ -93,3 +92,6 @@ def sync_overflow(process_group: Optional[Any] = None, *, enabled: bool = True,
                 "torch.distributed.init_process_group(...) first.")
         scaler.overflow_sync = AllReduceOverflow(process_group) if enabled else None
     log.debug("overflow all-reduce %s (group=%s)", "on" if enabled else "off", process_group)
+
+
+register_overflow_agreement(distributed_overflow_sync)

@@ -11,11 +11,12 @@ from apexlite.amp.session import current_session
 
 
 def reference_schedule(events, window, min_scale, max_scale, start=2.0 ** 16):
-    """A from-the-docs model: halve on overflow (floored), double after `window` clean exits (capped)."""
+    """A from-the-docs model: halve on overflow (floored at min_scale, and never below 2**-24, where
+    1/scale stops being a safe float32), double after `window` clean exits (capped)."""
     scale, clean, out = min(start, max_scale), 0, []
     for overflow in events:
         if overflow:
-            scale, clean = scale / 2, 0
+            scale, clean = max(scale / 2, 2.0 ** -24), 0
             if min_scale:
                 scale = max(scale, min_scale)
         else:

@@ -61,8 +61,14 @@ class PlainGrads:
             scaler.unscale(fresh)
         self._restore_stash()
 
-    def abort(self) -> None:
-        """The backward raised: put the stashed grads back, dropping partial new ones."""
+    def new_grads(self) -> List[torch.Tensor]:
+        """The grads the current backward produced (`prepare` moved every older one to the stash)."""
+        return [p.grad for p in self.params() if p.grad is not None]
+
+    def discard_new(self) -> None:
+        """Drop what the current backward produced and put the older grads back, exactly as they were."""
+        for param in self.params():
+            param.grad = None
         for param, grad in self._stash:
             param.grad = grad
         self._stash = []
@@ -138,8 +144,18 @@ class AmpOptimizer:
         self.grads.post(scaler)
         self.params_have_scaled_gradients = False
 
-    def abort_backward(self) -> None:
-        self.grads.abort()
+    def new_grads(self) -> List[torch.Tensor]:
+        return self.grads.new_grads()
+
+    def discard_backward(self) -> None:
+        """The block raised and its grads overflowed: back to the grads from before the block."""
+        self.grads.discard_new()
+        self.params_have_scaled_gradients = False
+
+    @property
+    def has_masters(self) -> bool:
+        """True when the optimizer steps fp32 masters (O2): grads always need the bookkeeping."""
+        return not isinstance(self.grads, PlainGrads)
 
     def skip_next_step(self, loss_id: int, scaler: LossScaler) -> None:
         if self._pending_skip is None:
@@ -169,10 +185,7 @@ class AmpOptimizer:
             return None
         self.grads.before_step()
         try:
-            if self.session.patches_torch:
-                with self.session.casts_disabled():
-                    result = self._original_step(*args, **kwargs)
-            else:
+            with self.session.casts_disabled():  # the update itself runs in the params' own dtypes
                 result = self._original_step(*args, **kwargs)
         except BaseException:
             self.grads.finish_step()

@@ -26,7 +26,28 @@ def check_scalar_arguments(num_losses: Any, verbosity: Any, min_loss_scale: Any,
         )
 
 
+def check_initial_scale(properties: Properties, min_loss_scale: Optional[float], max_loss_scale: float) -> None:
+    """A dynamic scale must start at or above its floor, or the first overflow would raise it."""
+    if properties.loss_scale != "dynamic" or not min_loss_scale:
+        return
+    initial = min(2.0 ** 16, max_loss_scale)
+    if min_loss_scale > initial:
+        raise AmpConfigError(
+            f"min_loss_scale ({min_loss_scale:g}) is above the initial dynamic loss scale ({initial:g} = "
+            "min(2**16, max_loss_scale)), so the first overflow would raise the scale instead of lowering "
+            "it. Lower min_loss_scale, or use a static loss_scale."
+        )
+
+
+def check_max_nonfinite_losses(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise AmpConfigError(
+            f"max_nonfinite_losses must be an int >= 0 (0 turns the check off); got {value!r}."
+        )
+
+
 def check_models(models: List[Any]) -> None:
+    """Models must be plain (unwrapped) modules, each passed once."""
     for model in models:
         if isinstance(model, _PARALLEL_WRAPPERS):
             raise AmpUsageError(
@@ -38,6 +59,27 @@ def check_models(models: List[Any]) -> None:
             raise AmpUsageError(
                 "models must be either a single model or a list of models (torch.nn.Module); "
                 f"got {type(model).__name__}."
+            )
+    seen = set()
+    for model in models:
+        if id(model) in seen:
+            raise AmpUsageError(f"the same {type(model).__name__} appears twice in the models passed to "
+                                "amp.initialize; pass each model once.")
+        seen.add(id(model))
+
+
+def check_models_not_recast(models: List[torch.nn.Module], registered: List[torch.nn.Module],
+                            properties: Properties) -> None:
+    """Casting a model a second time would stack its forward casts and O2 masters."""
+    if not properties.cast_model_type:
+        return
+    known = {id(model) for model in registered}
+    for model in models:
+        if id(model) in known:
+            raise AmpUsageError(
+                f"this {type(model).__name__} was already passed to an earlier amp.initialize in this process, "
+                f"and opt_level {properties.opt_level} would cast it again. Initialize a fresh copy of the "
+                "model (e.g. copy.deepcopy before the first initialize), or call amp.deinitialize() first."
             )
 
 
@@ -95,8 +137,26 @@ def check_optimizers(optimizers: List[Any]) -> None:
                 "optimizers must be either a single optimizer or a list of optimizers "
                 f"(torch.optim.Optimizer or an optimizer wrapper such as LARC); got {name}."
             )
-        if hasattr(optimizer, "_amp_stash"):
+    seen = set()
+    for optimizer in optimizers:
+        if hasattr(optimizer, "_amp_stash") or id(optimizer) in seen:
             raise AmpUsageError("A given optimizer should only be passed through amp.initialize once.")
+        seen.add(id(optimizer))
+
+
+def check_unique_params(optimizers: List[Any]) -> None:
+    """With master weights a param in two groups (or two optimizers) would get two diverging masters."""
+    owners: dict = {}
+    for index, optimizer in enumerate(optimizers):
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if id(param) in owners:
+                    raise AmpUsageError(
+                        f"a parameter of shape {tuple(param.shape)} appears in more than one parameter group "
+                        f"(optimizer {owners[id(param)]} and optimizer {index}); with master weights each "
+                        "copy would be trained separately. Put each parameter in exactly one group."
+                    )
+                owners[id(param)] = index
 
 
 def _floating_tensors(model: torch.nn.Module):
@@ -104,6 +164,21 @@ def _floating_tensors(model: torch.nn.Module):
         yield "param", name, param
     for name, buffer in model.named_buffers():
         yield "buffer", name, buffer
+
+
+def check_no_float64(models: List[torch.nn.Module], properties: Properties) -> None:
+    """O2/O3 would silently cast float64 weights to fp16/bf16; O1 leaves them alone instead."""
+    if properties.cast_model_type not in (torch.float16, torch.bfloat16):
+        return
+    for model in models:
+        for kind, name, tensor in _floating_tensors(model):
+            if tensor.dtype is torch.float64:
+                raise AmpConfigError(
+                    f"{kind} {name} is float64: opt_level {properties.opt_level} would cast it to "
+                    f"{properties.cast_model_type}, losing far more precision than the model asked for. "
+                    "Call model.float() before amp.initialize, or use opt_level='O1' (which leaves float64 "
+                    "tensors alone)."
+                )
 
 
 def check_params_fp32(models: List[torch.nn.Module], properties: Properties) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -13,14 +14,16 @@ from apexlite.amp.errors import AmpConfigError
 from apexlite.amp.fused_master import FusedMasterGrads, supports_fused_master_step
 from apexlite.amp.legacy_state import legacy_flags
 from apexlite.amp.master import MasterParams
-from apexlite.amp.model_cast import cast_model, install_io_casts
-from apexlite.amp import o1_patches
+from apexlite.amp.model_cast import cast_model, install_forward_scope, install_io_casts
+from apexlite.amp.o1_patches import set_o1_patches
 from apexlite.amp.opt_levels import (
     LOW_PRECISION_DTYPES, OPT_LEVELS, Properties, banner, resolve_properties,
     unknown_opt_level_message,
 )
 from apexlite.amp.registry import PendingRegistrations
-from apexlite.amp.session import AmpSession, current_session, log
+from apexlite.amp.scaler import parse_scaler_state
+from apexlite.amp.session import DEFAULT_MAX_NONFINITE_LOSSES, AmpSession, SessionOptions, current_session, log
+from apexlite.amp.transaction import InitializeTransaction
 
 OPT_LEVEL_ENV = "APEXLITE_OPT_LEVEL"
 DTYPE_ENV = "APEXLITE_DTYPE"
@@ -71,61 +74,116 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
                keep_batchnorm_fp32: Any = None, master_weights: Optional[bool] = None, loss_scale: Any = None,
                cast_model_outputs: Optional[torch.dtype] = None, num_losses: int = 1, verbosity: int = 1,
                min_loss_scale: Optional[float] = None, max_loss_scale: float = 2.0 ** 24, *,
-               dtype: Any = None) -> Any:
+               dtype: Any = None, max_nonfinite_losses: int = DEFAULT_MAX_NONFINITE_LOSSES) -> Any:
     """Set up mixed precision for `models` and `optimizers`; returns them in the shape given.
 
-    Arguments and defaults are apex.amp's. `dtype` (apexlite only) picks the low-precision type for
-    every opt level: torch.float16 (default) or torch.bfloat16; with bfloat16 the loss scale defaults
-    to 1.0. Call once per process, or `deinitialize()` before calling again.
+    Arguments and defaults are apex.amp's. apexlite-only keywords: `dtype` picks the low-precision
+    type for every opt level, torch.float16 (default) or torch.bfloat16 (the loss scale then defaults
+    to 1.0); `max_nonfinite_losses` stops a run whose loss itself was inf/NaN that many consecutive
+    iterations (0: never). May be called again (see NOTE in session.py): the latest call's options
+    apply and earlier models and optimizers keep working. All-or-nothing: a failed call changes nothing.
     """
     opt_level, low_dtype = _apply_environment(opt_level, dtype)
     checks.check_scalar_arguments(num_losses, verbosity, min_loss_scale, max_loss_scale)
-    AmpSession.ensure_none_active()
-    if not enabled:
-        AmpSession(Properties(), low_dtype, verbosity, num_losses, min_loss_scale, max_loss_scale)
-        return models if optimizers is None else (models, optimizers)
-
-    overrides = dict(cast_model_type=cast_model_type, patch_torch_functions=patch_torch_functions,
-                     keep_batchnorm_fp32=keep_batchnorm_fp32, master_weights=master_weights,
-                     loss_scale=loss_scale)
-    defaults = resolve_properties(opt_level, low_dtype, {})
-    properties = resolve_properties(opt_level, low_dtype, overrides)
+    checks.check_max_nonfinite_losses(max_nonfinite_losses)
+    existing = current_session(required=False)
     model_list, models_was_list = _as_list(models)
     optimizer_list, optimizers_was_list = ([], True) if optimizers is None else _as_list(optimizers)
-    checks.check_models(model_list)
-    checks.check_optimizers(optimizer_list)
-    checks.check_sharded_models(model_list, opt_level, properties)
-    if not legacy_flags.allow_incoming_model_not_fp32:
-        checks.check_params_fp32(model_list, properties)
-    if properties.cast_model_type:
-        checks.check_optimizer_params_in_models(optimizer_list, model_list)
+    if not enabled:
+        properties = defaults = Properties()
+    else:
+        overrides = dict(cast_model_type=cast_model_type, patch_torch_functions=patch_torch_functions,
+                         keep_batchnorm_fp32=keep_batchnorm_fp32, master_weights=master_weights,
+                         loss_scale=loss_scale)
+        defaults = resolve_properties(opt_level, low_dtype, {})
+        properties = resolve_properties(opt_level, low_dtype, overrides)
+        _validate(properties, opt_level, model_list, optimizer_list, min_loss_scale, max_loss_scale, existing)
 
-    session = AmpSession(properties, low_dtype, verbosity, num_losses, min_loss_scale, max_loss_scale)
+    options = SessionOptions(properties, low_dtype, verbosity, num_losses, min_loss_scale, max_loss_scale,
+                             max_nonfinite_losses)
+    session = existing if existing is not None else AmpSession()
+    new_models, new_optimizers = (model_list, optimizer_list) if enabled else ([], [])
+    transaction = InitializeTransaction(session, new_models, new_optimizers)
     try:
-        session.info(banner(opt_level, defaults, properties))
-        fp32_sources = {}
-        for model in model_list:
-            if properties.cast_model_type:
-                fp32_sources.update(cast_model(model, session.patcher, properties.cast_model_type,
-                                               properties.keep_batchnorm_fp32, cast_model_outputs))
-            elif cast_model_outputs is not None:
-                install_io_casts(model, session.patcher, None, cast_model_outputs)
-        session.models.extend(model_list)
-        for optimizer in optimizer_list:
-            grads = _grad_strategy(optimizer, properties.master_weights, fp32_sources)
-            amp_optimizer = AmpOptimizer(optimizer, session, grads)
-            amp_optimizer.install()
-            session.optimizers[id(optimizer)] = amp_optimizer
-        if properties.patch_torch_functions:
-            o1_patches.patch_torch_functions(session, PendingRegistrations.take())
+        session.configure(options)
+        if enabled:
+            session.info(banner(opt_level, defaults, properties))
+            _register(session, transaction, new_models, new_optimizers, cast_model_outputs)
+        registrations = PendingRegistrations.take() if properties.patch_torch_functions else []
+        transaction.taken_registrations = registrations
+        set_o1_patches(session, bool(properties.patch_torch_functions), registrations)
+        _install_forward_scopes(session)
+        session.handle = _o1_handle(session) if properties.patch_torch_functions else None
     except BaseException:
-        session.close()
+        transaction.rollback()
+        if existing is None:
+            session.close()
         raise
-
+    session.publish()
+    if existing is not None:
+        log.info("amp.initialize called again: opt_level=%s now applies; %d model(s) and %d optimizer(s) "
+                 "are registered and share %d new loss scaler(s) (session %s; amp.deinitialize() starts over)",
+                 properties.opt_level, len(session.models), len(session.optimizers), len(session.loss_scalers),
+                 "extended" if new_models or new_optimizers else "replaced")
     if optimizers is None:
         return models
     return (models if models_was_list else model_list[0],
             optimizers if optimizers_was_list else optimizer_list[0])
+
+
+def _validate(properties: Properties, opt_level: str, model_list: List[Any], optimizer_list: List[Any],
+              min_loss_scale: Optional[float], max_loss_scale: float, existing: Optional[AmpSession]) -> None:
+    """Every check that can fail before anything is cast or patched."""
+    checks.check_initial_scale(properties, min_loss_scale, max_loss_scale)
+    checks.check_models(model_list)
+    checks.check_optimizers(optimizer_list)
+    checks.check_sharded_models(model_list, opt_level, properties)
+    checks.check_models_not_recast(model_list, existing.models if existing is not None else [], properties)
+    if not legacy_flags.allow_incoming_model_not_fp32:
+        checks.check_params_fp32(model_list, properties)
+    checks.check_no_float64(model_list, properties)
+    if properties.cast_model_type:
+        checks.check_optimizer_params_in_models(optimizer_list, model_list)
+    if properties.master_weights:
+        checks.check_unique_params(optimizer_list)
+
+
+def _register(session: AmpSession, transaction: InitializeTransaction, model_list: List[Any],
+              optimizer_list: List[Any], cast_model_outputs: Optional[torch.dtype]) -> None:
+    """Cast the models, then wrap each optimizer with the grad strategy its properties call for."""
+    properties = session.properties
+    fp32_sources = {}
+    for model in model_list:
+        if properties.cast_model_type:
+            fp32_sources.update(cast_model(model, session.patcher, properties.cast_model_type,
+                                           properties.keep_batchnorm_fp32, cast_model_outputs,
+                                           transaction.model_undo))
+        elif cast_model_outputs is not None:
+            install_io_casts(model, session.patcher, None, cast_model_outputs)
+    session.models.extend(model for model in model_list if all(model is not m for m in session.models))
+    for optimizer in optimizer_list:
+        grads = _grad_strategy(optimizer, properties.master_weights, fp32_sources)
+        amp_optimizer = AmpOptimizer(optimizer, session, grads)
+        session.optimizers[id(optimizer)] = amp_optimizer
+        amp_optimizer.install()
+    if model_list or optimizer_list:
+        session.from_initialize = True
+
+
+def _install_forward_scopes(session: AmpSession) -> None:
+    """Under O1, the end of each registered model's outermost forward drops its weight casts."""
+    if not session.patches_torch:
+        return
+    for model in session.models:
+        if id(model) not in session.scoped_models:
+            install_forward_scope(model, session.patcher, session.enter_forward, session.exit_forward)
+            session.scoped_models.append(id(model))
+
+
+def _o1_handle(session: AmpSession) -> Any:
+    from apexlite.amp.handle import AmpHandle
+
+    return session.handle if isinstance(session.handle, AmpHandle) else AmpHandle(session)
 
 
 def _grad_strategy(optimizer: Any, master_weights: bool, fp32_sources: Dict[torch.Tensor, torch.Tensor]) -> Any:
@@ -157,27 +215,48 @@ def state_dict(destination: Optional[dict] = None) -> dict:
     return destination
 
 
-def load_state_dict(state: dict) -> None:
-    """Restore loss scalers from `amp.state_dict()` output (apex's format) or a torch GradScaler dict."""
+SCALER_KEY = re.compile(r"loss_scaler(\d+)$")
+STATE_FORMAT = "{'loss_scaler0': {'loss_scale': 65536.0, 'unskipped': 0}, 'loss_scaler1': ...} (amp.state_dict())"
+
+
+def load_state_dict(state: Any) -> None:
+    """Restore loss scalers from `amp.state_dict()` output (apex's format) or a torch GradScaler dict.
+
+    Validated as a whole before any scaler changes: a rejected dict leaves every scaler as it was.
+    Entries map to scalers by the index in their key (`loss_scaler1` -> loss_id 1).
+    """
     session = current_session(message="amp.load_state_dict() needs an initialized session: call amp.initialize first.")
     scalers = session.loss_scalers
-    if "scale" in state and "_growth_tracker" in state:
-        for scaler in scalers:
-            scaler.load_state_dict(state)
-        return
-    if len(state) != len(scalers):
-        log.warning("amp state_dict contains %d entries, while %d loss_scalers are used", len(state), len(scalers))
-    unexpected = [key for key in state if "loss_scaler" not in key]
+    if not isinstance(state, dict):
+        raise AmpConfigError(f"amp.load_state_dict expects a dict like {STATE_FORMAT}; got {type(state).__name__}.")
+    if "scale" in state and "_growth_tracker" in state:  # one torch GradScaler state for every loss
+        parsed = parse_scaler_state(state, session.options.max_loss_scale, "GradScaler state")
+        updates = [(scaler, parsed) for scaler in scalers]
+    else:
+        updates = _scaler_updates(state, scalers, session.options.max_loss_scale)
+    for scaler, (scale, unskipped) in updates:
+        scaler._loss_scale, scaler._unskipped = scale, unskipped
+
+
+def _scaler_updates(state: dict, scalers: List[Any], max_loss_scale: float) -> List[Tuple[Any, Tuple[float, int]]]:
+    unexpected = [key for key in state if not (isinstance(key, str) and "loss_scaler" in key)]
     if unexpected:
         raise AmpConfigError(
             "Error(s) in loading state_dict. Unexpected key(s) in state_dict: "
-            + ", ".join(f'"{key}"' for key in unexpected) + ". Expected keys 'loss_scaler0', 'loss_scaler1', ..."
+            + ", ".join(f'"{key}"' for key in unexpected) + f". Expected {STATE_FORMAT}."
         )
-    for index, key in enumerate(key for key in state if "loss_scaler" in key):
+    if len(state) != len(scalers):
+        log.warning("amp state_dict contains %d entries, while %d loss_scalers are used", len(state), len(scalers))
+    matches = [SCALER_KEY.match(key) for key in state]
+    indices = ([int(m.group(1)) for m in matches] if all(matches) else list(range(len(state))))
+    updates = []
+    for index, key in zip(indices, state):
+        parsed = parse_scaler_state(state[key], max_loss_scale, f"amp state_dict[{key!r}]")
         if index >= len(scalers):
             log.warning("Skipping loss_scaler[%d], since num_losses was set to %d", index, len(scalers))
-            break
-        scalers[index].load_state_dict(state[key])
+            continue
+        updates.append((scalers[index], parsed))
+    return updates
 
 
 def master_params(optimizer: Any) -> Iterator[torch.Tensor]:

@@ -122,10 +122,19 @@ class FusedMasterGrads:
         self._fp32_mode = True
         return fp32_pairs
 
-    def abort(self) -> None:
+    def new_grads(self) -> List[torch.Tensor]:
         if self._fp32_mode:
-            self._fp32_grads.abort()
+            return [p.grad for p in self._half_params() if p.grad is not None] + self._fp32_grads.new_grads()
+        return [p.grad for p in optimizer_params(self.optimizer) if p.grad is not None]
+
+    def discard_new(self) -> None:
+        if self._fp32_mode:  # the sums so far live on the masters and in the fp32 stash
+            for param in self._half_params():
+                param.grad = None
+            self._fp32_grads.discard_new()
             return
+        for param in optimizer_params(self.optimizer):
+            param.grad = None
         for param, grad in self._stash:
             param.grad = grad
         self._stash = []

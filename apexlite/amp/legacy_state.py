@@ -43,9 +43,9 @@ class LegacyAmpState:
     @property
     def handle(self) -> Any:
         session = self._session()
-        if session is None or not session.patches_torch:
-            raise AttributeError("handle: only an O1 session has a cast handle")
-        return session
+        if session is None or session.handle is None:
+            raise AttributeError("handle: only an O1 session (amp.initialize(opt_level='O1') or amp.init()) has one")
+        return session.handle
 
 
 legacy_flags = LegacyAmpState()

@@ -87,8 +87,13 @@ class MasterParams:
                 master.grad = grad
         self._fp32_grads.post(scaler)
 
-    def abort(self) -> None:
-        self._fp32_grads.abort()
+    def new_grads(self) -> List[torch.Tensor]:
+        return [p.grad for p in self.model_params if p.grad is not None] + self._fp32_grads.new_grads()
+
+    def discard_new(self) -> None:
+        for param in self.model_params:
+            param.grad = None
+        self._fp32_grads.discard_new()
 
     def master_pairs(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """(model param, fp32 master) for every low-precision param the optimizer trains."""

@@ -7,7 +7,7 @@ as apex did, so checkpoints are dtype-independent; loading one into the cast mod
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -61,20 +61,41 @@ def keeps_fp32(module: torch.nn.Module, keep_batchnorm_fp32: Optional[bool]) -> 
     return bool(keep_batchnorm_fp32) and isinstance(module, _BatchNorm) and module.affine
 
 
-def convert_network(model: torch.nn.Module, dtype: torch.dtype,
-                    keep_batchnorm_fp32: Optional[bool]) -> Dict[torch.nn.Parameter, torch.Tensor]:
+UndoLog = List[Callable[[], None]]
+
+
+def _restore_param(param: torch.nn.Parameter, data: torch.Tensor, grad: Optional[torch.Tensor]) -> Callable[[], None]:
+    def undo() -> None:
+        param.data = data
+        param.grad = grad
+
+    return undo
+
+
+def _restore_buffer(module: torch.nn.Module, name: str, buffer: torch.Tensor) -> Callable[[], None]:
+    def undo() -> None:
+        module._buffers[name] = buffer
+
+    return undo
+
+
+def convert_network(model: torch.nn.Module, dtype: torch.dtype, keep_batchnorm_fp32: Optional[bool],
+                    undo: Optional[UndoLog] = None) -> Dict[torch.nn.Parameter, torch.Tensor]:
     """Cast floating params (in place: Parameter objects keep their identity), grads and buffers.
 
     Returns {param: its fp32 data before the cast} for every converted param, so O2 master weights
     start from the exact fp32 values instead of a round trip through the low-precision dtype.
+    When `undo` is given, a step restoring each change is appended to it (a failed initialize).
     """
     fp32_sources: Dict[torch.nn.Parameter, torch.Tensor] = {}
+    undo = [] if undo is None else undo
     for module in model.modules():
         if keeps_fp32(module, keep_batchnorm_fp32):
             continue
         for param in module._parameters.values():
             if param is None or not param.is_floating_point() or param.dtype is dtype:
                 continue
+            undo.append(_restore_param(param, param.data, param.grad))
             if param.dtype is torch.float32:
                 fp32_sources[param] = param.data
             param.data = param.data.to(dtype)
@@ -82,10 +103,22 @@ def convert_network(model: torch.nn.Module, dtype: torch.dtype,
                 param.grad = param.grad.to(dtype)
         for name, buffer in module._buffers.items():
             if buffer is not None and buffer.is_floating_point() and buffer.dtype is not dtype:
+                undo.append(_restore_buffer(module, name, buffer))
                 module._buffers[name] = buffer.to(dtype)
         if isinstance(module, torch.nn.RNNBase):
             module.flatten_parameters()
     return fp32_sources
+
+
+def restore_networks(undo: UndoLog, models: List[torch.nn.Module]) -> None:
+    """Undo `convert_network` (newest change first), then re-flatten RNN weights in their old dtype."""
+    for step in reversed(undo):
+        step()
+    undo.clear()
+    for model in models:
+        for module in model.modules():
+            if isinstance(module, torch.nn.RNNBase):
+                module.flatten_parameters()
 
 
 def install_io_casts(model: torch.nn.Module, patcher: Patcher, input_dtype: Optional[torch.dtype],
@@ -106,9 +139,20 @@ def install_fp32_state_dict(model: torch.nn.Module, patcher: Patcher) -> None:
 
 
 def cast_model(model: torch.nn.Module, patcher: Patcher, dtype: Any, keep_batchnorm_fp32: Optional[bool],
-               cast_model_outputs: Optional[torch.dtype]) -> Dict[torch.nn.Parameter, torch.Tensor]:
+               cast_model_outputs: Optional[torch.dtype],
+               undo: Optional[UndoLog] = None) -> Dict[torch.nn.Parameter, torch.Tensor]:
     """The whole O0/O2/O3 model treatment; returns the fp32 sources of converted params."""
-    fp32_sources = convert_network(model, dtype, keep_batchnorm_fp32)
+    fp32_sources = convert_network(model, dtype, keep_batchnorm_fp32, undo)
     install_io_casts(model, patcher, dtype, cast_model_outputs or torch.float32)
     install_fp32_state_dict(model, patcher)
     return fp32_sources
+
+
+def install_forward_scope(model: torch.nn.Module, patcher: Patcher, enter: Callable, exit_: Callable) -> None:
+    """Hooks that tell the session when this model's forward starts and returns (even by an exception)."""
+    patcher.add_handle(model.register_forward_pre_hook(enter), f"{type(model).__name__} forward scope start")
+    try:
+        handle = model.register_forward_hook(exit_, always_call=True)
+    except TypeError:  # torch < 2.0 has no always_call: an exception leaves the scope open until scale_loss
+        handle = model.register_forward_hook(exit_)
+    patcher.add_handle(handle, f"{type(model).__name__} forward scope end")

@@ -1,4 +1,9 @@
-"""Applies the O1 op tables and the user's registrations to torch through the session's Patcher."""
+"""Applies the O1 op tables and the user's registrations to torch through the session's O1 Patcher.
+
+The O1 layer is installed at most once per session (a later `initialize` never stacks wrappers on
+wrappers); it is reinstalled only when new user registrations must join it, and removed when the
+latest `initialize` no longer patches torch (or by a handle's `_deactivate()`).
+"""
 from __future__ import annotations
 
 from typing import Any, List, Tuple
@@ -9,6 +14,7 @@ from apexlite._logging import get_logger
 from apexlite.amp.lists import OpEntry, op_entries
 from apexlite.amp.patcher import raw_attribute, resolve
 from apexlite.amp.policies import CastPolicy
+from apexlite.amp.rnn_input import patch_rnn_input_check
 from apexlite.amp.wrappers import make_wrapper
 
 log = get_logger("amp")
@@ -23,6 +29,28 @@ def applicable_entries() -> List[OpEntry]:
     """The table entries whose version gate the installed torch passes."""
     version = torch_version()
     return [e for e in op_entries() if e.min_torch is None or version >= e.min_torch]
+
+
+def o1_installed(session: Any) -> bool:
+    return len(session.o1_patcher) > 0
+
+
+def set_o1_patches(session: Any, wanted: bool, new_registrations: List[Tuple[Any, str, CastPolicy]]) -> None:
+    """Bring the session's O1 layer to `wanted`, adding `new_registrations` to the ones it holds."""
+    if not wanted:
+        session.o1_patcher.undo_all()
+        session.cast_state.active = False
+        return
+    if not o1_installed(session) or new_registrations:
+        registrations = session.o1_registrations + list(new_registrations)
+        session.o1_patcher.undo_all()
+        try:
+            patch_torch_functions(session, registrations)
+        except BaseException:
+            session.o1_patcher.undo_all()
+            raise
+        session.o1_registrations = registrations
+    session.cast_state.active = True
 
 
 def patch_torch_functions(session: Any, registrations: List[Tuple[Any, str, CastPolicy]]) -> int:
@@ -42,10 +70,11 @@ def patch_torch_functions(session: Any, registrations: List[Tuple[Any, str, Cast
             continue
         _install(session, target, entry.name, entry.policy, entry.qualname)
         count += 1
+    patch_rnn_input_check(session.cast_state, session.o1_patcher)
     return count
 
 
 def _install(session: Any, target: Any, name: str, policy: CastPolicy, qualname: str) -> None:
     original = raw_attribute(target, name)
     wrapper = make_wrapper(policy, session.cast_state, original, qualname)
-    session.patcher.set_attribute(target, name, wrapper)
+    session.o1_patcher.set_attribute(target, name, wrapper)

@@ -94,8 +94,12 @@ class Patcher:
 
     def undo_all(self) -> None:
         """Undo every record, newest first. Idempotent; raises after trying all if any undo failed."""
+        self.undo_to(0)
+
+    def undo_to(self, mark: int) -> None:
+        """Undo the records made after `len(self)` was `mark`, newest first (a failed initialize's)."""
         errors = []
-        while self._records:
+        while len(self._records) > mark:
             record = self._records.pop()
             try:
                 record.undo()

@@ -28,6 +28,11 @@ class PendingRegistrations:
         items, cls.items = cls.items, []
         return items
 
+    @classmethod
+    def put_back(cls, items: List[Tuple[Any, str, CastPolicy]]) -> None:
+        """Return registrations taken by an `initialize` that failed, ahead of any made since."""
+        cls.items = list(items) + cls.items
+
 
 def register_half_function(module: Any, name: str) -> None:
     """Cast the floating inputs of `module.name` to the low-precision dtype under O1 (call before initialize)."""
@@ -56,7 +61,7 @@ def _decorator(policy: CastPolicy) -> Callable[[Callable], Callable]:
             from apexlite.amp.session import current_session
 
             session = current_session(required=False)
-            if session is None or not session.patches_torch or not session.cast_state.enabled:
+            if session is None or not session.cast_state.enabled:
                 return fn(*args, **kwargs)
             wrapper = wrappers.get(id(session))
             if wrapper is None:

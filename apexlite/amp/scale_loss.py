@@ -6,8 +6,12 @@ from typing import Any, Iterator, List
 
 import torch
 
+from apexlite._logging import get_logger
 from apexlite.amp.errors import AmpUsageError
-from apexlite.amp.session import NOT_INITIALIZED_MESSAGE, current_session
+from apexlite.amp.scaler import LossScaler
+from apexlite.amp.session import NOT_INITIALIZED_MESSAGE, AmpSession, current_session
+
+log = get_logger("amp")
 
 
 def _as_optimizer_list(optimizers: Any) -> List[Any]:
@@ -25,7 +29,10 @@ def scale_loss(loss: torch.Tensor, optimizers: Any, loss_id: int = 0, model: Any
     for inf/NaN in one device-side pass; an overflow skips the next `step()` of every optimizer
     given here and lowers the dynamic scale. `delay_unscale=True` leaves grads scaled for gradient
     accumulation; the last block of the accumulation must use the default `delay_unscale=False`.
-    `model` is accepted for apex compatibility and unused.
+    `model` is accepted for apex compatibility and unused; so is `delay_overflow_check`: the check is
+    one device-side pass and always runs, so no inf/NaN step can reach the weights.
+    If the block raises, its gradients are unscaled (or dropped if they overflowed), the scaler is
+    left as it was, and the exception propagates.
     """
     session = current_session(required=True, message=NOT_INITIALIZED_MESSAGE)
     if not session.properties.enabled:
@@ -37,17 +44,24 @@ def scale_loss(loss: torch.Tensor, optimizers: Any, loss_id: int = 0, model: Any
             f"num_losses={len(session.loss_scalers)}, so loss_id must be in 0..{len(session.loss_scalers) - 1}."
         )
     amp_optimizers = [session.amp_optimizer(opt) for opt in _as_optimizer_list(optimizers)]
-    scaler = session.loss_scalers[loss_id]
+    with scaled_backward(session, loss, amp_optimizers, session.loss_scalers[loss_id], loss_id,
+                         delay_unscale) as scaled:
+        yield scaled
+
+
+@contextlib.contextmanager
+def scaled_backward(session: AmpSession, loss: torch.Tensor, amp_optimizers: List[Any], scaler: LossScaler,
+                    loss_id: int, delay_unscale: bool, as_float: bool = True) -> Iterator[torch.Tensor]:
+    """The body of every scale_loss (`amp.scale_loss`, the handle's and OptimWrapper's)."""
     session.stats.record_loss(loss)
     # The forward is over: the graph keeps the casts it saved, and the cache letting go of them now
     # lets backward free each one as soon as its node has run (as torch.autocast's cache does).
     session.release_casts()
-
-    no_bookkeeping = not session.properties.master_weights and not scaler.checks_overflow
-    if no_bookkeeping:
+    base = loss.float() if as_float else loss
+    if not scaler.checks_overflow and not any(o.has_masters for o in amp_optimizers):
         # Static scale 1.0 without master weights: the scaled loss is the loss; nothing to unscale.
         try:
-            yield loss.float()
+            yield base
         finally:
             session.end_iteration()
         return
@@ -55,22 +69,53 @@ def scale_loss(loss: torch.Tensor, optimizers: Any, loss_id: int = 0, model: Any
     for amp_optimizer in amp_optimizers:
         amp_optimizer.prepare_backward()
     try:
-        yield loss.float() * scaler.loss_scale()
+        yield base * scaler.loss_scale()
     except BaseException:
-        for amp_optimizer in amp_optimizers:
-            amp_optimizer.abort_backward()
-        session.end_iteration()
+        try:
+            _settle_after_error(amp_optimizers, scaler, delay_unscale)
+        except Exception as cleanup_error:  # the user's exception is the one to see
+            log.warning("apexlite: could not settle the gradients of a failed scale_loss block: %r", cleanup_error)
+        finally:
+            session.end_iteration()
         raise
     try:
         if not delay_unscale:
             scaler.clear_overflow_state()
         for amp_optimizer in amp_optimizers:
             amp_optimizer.post_backward(scaler, delay_unscale)
-        if not delay_unscale and not delay_overflow_check and scaler.update_scale():
-            for amp_optimizer in amp_optimizers:
-                amp_optimizer.skip_next_step(loss_id, scaler)
+        if not delay_unscale:
+            if scaler.update_scale():
+                for amp_optimizer in amp_optimizers:
+                    amp_optimizer.skip_next_step(loss_id, scaler)
+                scaler.count_loss(loss)  # stops a run whose loss itself stays inf/NaN
+            else:
+                scaler.note_clean_step()
     finally:
         session.end_iteration()
+
+
+def _settle_after_error(amp_optimizers: List[Any], scaler: LossScaler, delay_unscale: bool) -> None:
+    """Leave grads as a correct unscaled backward would, and the scaler untouched.
+
+    Finite new grads are unscaled and merged with the older ones exactly as on a normal exit; new
+    grads that overflowed are dropped (the older grads come back as they were). No step is skipped
+    and the scale does not move: the block did not finish.
+    """
+    if delay_unscale:
+        for amp_optimizer in amp_optimizers:
+            amp_optimizer.post_backward(scaler, delay_unscale=True)
+        return
+    scaler.clear_overflow_state()
+    overflow = False
+    if scaler.checks_overflow:
+        scaler.check([grad for amp_optimizer in amp_optimizers for grad in amp_optimizer.new_grads()])
+        overflow = scaler.has_overflow()
+        scaler.clear_overflow_state()
+    for amp_optimizer in amp_optimizers:
+        if overflow:
+            amp_optimizer.discard_backward()
+        else:
+            amp_optimizer.post_backward(scaler, delay_unscale=False)
 
 
 def _compiling() -> bool:
@@ -81,7 +126,7 @@ def _compiling() -> bool:
 
 @contextlib.contextmanager
 def disable_casts() -> Iterator[None]:
-    """Run a block with O1 casts off (e.g. a custom op that needs its inputs untouched)."""
+    """Run a block with O1 casts off in the calling thread (e.g. a custom op that needs its inputs untouched)."""
     if _compiling():
         # A graph traced here would keep the casts (they are baked in when torch.compile traces the
         # patched ops): break the graph, so the block is traced anew with the casts really off.

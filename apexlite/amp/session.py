@@ -1,23 +1,31 @@
-"""AmpSession: everything one `initialize` set up, owned in one place and torn down in one call.
+"""AmpSession: everything `initialize` (and the old `amp.init`) set up, owned in one place.
 
-The legacy free functions (`amp.scale_loss`, `amp.state_dict`, ...) act on the current session;
-`deinitialize()` closes it, undoing every patch. At most one session is current at a time.
+NOTE [one session per process, extended by later initialize calls]
+apex allowed `amp.initialize` to be called again without teardown (scripts loop over opt levels,
+restore a checkpoint into a fresh model beside the running one, re-initialize per test), and its
+loss scalers were process-global. apexlite keeps one session per process and lets each call extend
+it: the latest call's options apply (opt level, dtype, verbosity), the loss scalers are replaced by
+fresh ones that every registered optimizer then shares (as in apex), new models and optimizers join
+the ones registered before, and O1's torch patches are installed once, never stacked. Passing an
+optimizer (or an O2/O3-cast model) a second time stays an error. `deinitialize()` undoes everything.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterator, List, Optional
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
 from apexlite._logging import get_logger, is_rank_zero
 from apexlite.amp.cache import CastCache
+from apexlite.amp.cast_state import CastState
 from apexlite.amp.errors import AmpStateError
 from apexlite.amp.opt_levels import Properties
 from apexlite.amp.patcher import Patcher
-from apexlite.amp.scaler import LossScaler
+from apexlite.amp.scaler import LossScaler, OverflowSync
 from apexlite.amp.telemetry import RunStats, telemetry_requested, track_session
-from apexlite.amp.wrappers import CastState
 
 log = get_logger("amp")
 
@@ -26,58 +34,105 @@ NOT_INITIALIZED_MESSAGE = (
     "model, optimizer = amp.initialize(model, optimizer, opt_level=...) must be called before "
     "`with amp.scale_loss`."
 )
+DEFAULT_MAX_NONFINITE_LOSSES = 200
 
 
-class _CurrentSession:
-    """Holder of the one active session (the only module-level state of apexlite.amp)."""
+class _Process:
+    """Process-wide holders: the current session, and the overflow agreement plugged in by the
+    distributed layer (apexlite.parallel.overflow); the only module-level state of apexlite.amp."""
 
     session: Optional["AmpSession"] = None
+    overflow_agreement: Optional[Callable[[], Optional[OverflowSync]]] = None
 
 
 def current_session(required: bool = True, message: Optional[str] = None) -> Optional["AmpSession"]:
     """The active session; raises AmpStateError with `message` when there is none and one is required."""
-    session = _CurrentSession.session
+    session = _Process.session
     if session is None and required:
         raise AmpStateError(message or "apexlite.amp is not initialized: call amp.initialize(...) first.")
     return session
 
 
+def register_overflow_agreement(provider: Optional[Callable[[], Optional[OverflowSync]]]) -> None:
+    """Let a distributed layer decide, per new loss scaler, how found-inf flags agree across ranks."""
+    _Process.overflow_agreement = provider
+
+
+@dataclass
+class SessionOptions:
+    """The options of the latest `initialize` call (what apex kept in `_amp_state`)."""
+
+    properties: Properties = field(default_factory=Properties)
+    dtype: torch.dtype = torch.float16
+    verbosity: int = 1
+    num_losses: int = 1
+    min_loss_scale: Optional[float] = None
+    max_loss_scale: float = 2.0 ** 24
+    max_nonfinite_losses: int = DEFAULT_MAX_NONFINITE_LOSSES
+
+
+class _ForwardDepth(threading.local):
+    """Per-thread nesting depth of forwards of registered models."""
+
+    depth = 0
+
+
 class AmpSession:
-    """Owns the patcher, cast cache, loss scalers, per-optimizer state and run statistics."""
+    """Owns the patchers, cast cache, loss scalers, per-optimizer state and run statistics."""
 
-    def __init__(self, properties: Properties, dtype: torch.dtype, verbosity: int, num_losses: int,
-                 min_loss_scale: Optional[float], max_loss_scale: float) -> None:
-        self.ensure_none_active()
-        self.properties = properties
-        self.dtype = dtype
-        self.verbosity = verbosity
-        self.min_loss_scale = min_loss_scale
-        self.max_loss_scale = max_loss_scale
-        self.patcher = Patcher()
+    def __init__(self) -> None:
+        self.options = SessionOptions()
+        self.patcher = Patcher()  # optimizer wrappers, model hooks
+        self.o1_patcher = Patcher()  # torch function wrappers (O1), undone alone by a handle's _deactivate
+        self.o1_registrations: List[Any] = []  # user registrations the installed O1 patches include
         self.cache = CastCache()
-        self.cast_state = CastState(dtype, self.cache, log_casts=verbosity >= 2)
-        self.cast_state.enabled = bool(properties.patch_torch_functions)
-        self.loss_scalers: List[LossScaler] = [
-            LossScaler(properties.loss_scale, min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale)
-            for _ in range(num_losses)
-        ]
-        self.optimizers: Dict[int, "object"] = {}  # id(optimizer) -> AmpOptimizer
+        self.cast_state = CastState(torch.float16, self.cache)
+        self.cast_state.active = False
+        self.loss_scalers: List[LossScaler] = []
+        self.optimizers: Dict[int, Any] = {}  # id(optimizer) -> AmpOptimizer
         self.models: List[torch.nn.Module] = []
+        self.scoped_models: List[int] = []  # ids of models whose outermost forward ends a cast scope
+        self.forward_depth = _ForwardDepth()
+        self.from_initialize = False  # something was registered by amp.initialize (not only amp.init)
+        self.handle: Any = None  # the O1 handle (`amp._amp_state.handle`), see apexlite/amp/handle.py
         self.stats = RunStats(keep_samples=telemetry_requested())
-        self.stats.opt_level = properties.opt_level
-        self.stats.dtype = str(dtype).replace("torch.", "")
         self.closed = False
-        _CurrentSession.session = self
-        track_session(self)
 
-    @staticmethod
-    def ensure_none_active() -> None:
-        """A second `initialize` without `deinitialize` is an error (patches would stack)."""
-        if _CurrentSession.session is not None:
-            raise AmpStateError(
-                "amp.initialize was already called in this process. Call amp.deinitialize() to undo "
-                "it (every patch is removed and all amp state reset) before initializing again."
-            )
+    # --- options ---------------------------------------------------------------------------------
+    @property
+    def properties(self) -> Properties:
+        return self.options.properties
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.options.dtype
+
+    @property
+    def verbosity(self) -> int:
+        return self.options.verbosity
+
+    def configure(self, options: SessionOptions) -> None:
+        """Apply the latest call's options; the loss scalers are replaced by fresh ones (as in apex)."""
+        self.options = options
+        self.cast_state.low_dtype = options.dtype
+        self.cast_state.log_casts = options.verbosity >= 2
+        self.loss_scalers = [self.new_loss_scaler(options.properties.loss_scale) for _ in range(options.num_losses)]
+        self.stats.opt_level = options.properties.opt_level
+        self.stats.dtype = str(options.dtype).replace("torch.", "")
+
+    def new_loss_scaler(self, loss_scale: Any) -> LossScaler:
+        """A scaler with the session's bounds and the plugged-in cross-rank overflow agreement."""
+        provider = _Process.overflow_agreement
+        scaler = LossScaler(loss_scale, min_loss_scale=self.options.min_loss_scale,
+                            max_loss_scale=self.options.max_loss_scale,
+                            overflow_sync=provider() if provider is not None else None)
+        scaler.nonfinite_loss_limit = self.options.max_nonfinite_losses
+        return scaler
+
+    def publish(self) -> None:
+        """Make this the process's current session."""
+        _Process.session = self
+        track_session(self)
 
     # --- logging -------------------------------------------------------------------------------
     def info(self, message: str, *args, all_ranks: bool = False) -> None:
@@ -92,13 +147,9 @@ class AmpSession:
 
     @contextlib.contextmanager
     def casts_disabled(self) -> Iterator[None]:
-        """Turn O1 casts off for a block; always restores the previous state (nesting-safe)."""
-        previous = self.cast_state.enabled
-        self.cast_state.enabled = False
-        try:
+        """Turn O1 casts off for a block in the calling thread only (nesting-safe)."""
+        with self.cast_state.disabled():
             yield
-        finally:
-            self.cast_state.enabled = previous
 
     def release_casts(self) -> None:
         """Drop cached weight casts without ending the iteration (the forward pass is over)."""
@@ -108,6 +159,18 @@ class AmpSession:
         """Iteration boundary: drop cached weight casts."""
         self.stats.record_casts(self.cache)
         self.cache.clear()
+
+    def enter_forward(self, module: Any, args: Any) -> None:
+        """Forward pre-hook of registered models: count this thread's forward nesting."""
+        self.forward_depth.depth += 1
+
+    def exit_forward(self, module: Any, args: Any, output: Any) -> None:
+        """Forward hook: when the outermost forward returns, its casts may be stale by the next one
+        (a `p.data.copy_` between forwards changes no version counter), so they are dropped."""
+        depth = self.forward_depth.depth - 1
+        self.forward_depth.depth = max(depth, 0)
+        if depth <= 0:
+            self.cache.clear()
 
     # --- optimizers ----------------------------------------------------------------------------
     def amp_optimizer(self, optimizer, required: bool = True):
@@ -119,20 +182,10 @@ class AmpSession:
             raise AmpStateError(
                 f"{type(optimizer).__name__} object passed to amp.scale_loss was not passed through "
                 "amp.initialize in this session. Pass every optimizer to amp.initialize(models, "
-                "optimizers, ...) and use the objects it returns (re-creating an optimizer after "
-                "initialize needs amp.deinitialize() and a new initialize)."
+                "optimizers, ...) and use the objects it returns (an optimizer created after initialize "
+                "can be registered by calling amp.initialize again with it)."
             )
         return state
-
-    # --- names apex's handle had; code written against apex calls them --------------------------
-    def is_active(self) -> bool:
-        return self.cast_state.enabled
-
-    def _clear_cache(self) -> None:
-        self.cache.clear()
-
-    def _deactivate(self) -> None:
-        self.close()
 
     # --- teardown ------------------------------------------------------------------------------
     def close(self) -> None:
@@ -143,10 +196,12 @@ class AmpSession:
         try:
             for amp_optimizer in list(self.optimizers.values()):
                 amp_optimizer.detach()
+            self.o1_patcher.undo_all()
             self.patcher.undo_all()
         finally:
+            self.cast_state.active = False
             self.cache.clear()
             self.optimizers.clear()
             self.models.clear()
-            if _CurrentSession.session is self:
-                _CurrentSession.session = None
+            if _Process.session is self:
+                _Process.session = None

@@ -12,6 +12,7 @@ import torch
 import wrapt
 
 from apexlite._logging import get_logger
+from apexlite.amp.cast_state import CastState
 from apexlite.amp.lists import BANNED_MESSAGES
 from apexlite.amp.policies import (
     CASTABLE_DTYPES, CONVERTERS, CastPolicy, collect_float_dtypes, is_low_precision, map_tensors, widest,
@@ -20,21 +21,8 @@ from apexlite.amp.policies import (
 log = get_logger("amp.casts")
 
 
-class CastState:
-    """The switches every wrapper of one session reads on each call."""
-
-    def __init__(self, low_dtype: torch.dtype, cache: Any, log_casts: bool = False,
-                 allow_banned: bool = False) -> None:
-        self.enabled = True
-        self.low_dtype = low_dtype
-        self.cache = cache
-        self.log_casts = log_casts
-        self.allow_banned = allow_banned
-
-
 def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) -> Callable:
     """The per-tensor cast of one wrapper (hot path: every patched call runs it per argument)."""
-    cache = state.cache if use_cache else None
     castable = CASTABLE_DTYPES
     convert = CONVERTERS[dtype]
 
@@ -44,8 +32,8 @@ def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) ->
             return tensor
         if state.log_casts:
             log.debug("%s->%s (%s)", source_dtype, dtype, name)
-        if cache is not None:
-            return cache.cast(tensor, dtype)  # the cache decides what is a weight
+        if use_cache and state.use_cache:
+            return state.cache.cast(tensor, dtype)  # the cache decides what is a weight
         return convert(tensor)
 
     return cast
@@ -72,7 +60,7 @@ def _fixed_dtype_wrapper(state: CastState, original: Callable, name: str, low: b
     casters = {}
 
     def wrapper(wrapped, instance, args, kwargs):
-        if not state.enabled:
+        if not state.active or state.thread.disabled_depth:
             return wrapped(*args, **kwargs)
         dtype = state.low_dtype if low else torch.float32
         cast = casters.get(dtype)
@@ -85,7 +73,7 @@ def _fixed_dtype_wrapper(state: CastState, original: Callable, name: str, low: b
 
 def _promote_wrapper(state: CastState, original: Callable, name: str, sequence: bool) -> Callable:
     def wrapper(wrapped, instance, args, kwargs):
-        if not state.enabled:
+        if not state.active or state.thread.disabled_depth:
             return wrapped(*args, **kwargs)
         found: set = set()
         if instance is not None:

@@ -22,16 +22,29 @@ def o1_model():
     amp.deinitialize()
 
 
-def test_weight_used_three_times_is_cast_once(o1_model):
-    model, _ = o1_model
-    x = torch.randn(2, 6)
+class Thrice(torch.nn.Module):
+    """One forward that uses the same Linear three times."""
 
-    def forward():
-        model(model(model(x)))
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
 
-    # x once, weight once, bias once; without the cache weight and bias would be cast three times each
-    assert count_casts(forward) == 3
-    assert current_session().cache.hits == 4
+    def forward(self, x):
+        return self.linear(self.linear(self.linear(x)))
+
+
+def test_weight_used_three_times_in_one_forward_is_cast_once():
+    model = Thrice()
+    amp.initialize(model, opt_level="O1", dtype=torch.bfloat16, verbosity=0)
+    try:
+        x = torch.randn(2, 6)
+        # x once, weight once, bias once; without the cache weight and bias would be cast three times each
+        assert count_casts(lambda: model(x)) == 3
+        assert current_session().cache.hits == 4
+        # a second forward starts a fresh scope: its weights are cast again (they may have changed)
+        assert count_casts(lambda: model(x)) == 3
+    finally:
+        amp.deinitialize()
 
 
 def test_optimizer_step_invalidates_cached_casts(o1_model):
@@ -76,12 +89,23 @@ def test_eval_only_loop_keeps_the_cache_bounded(o1_model):
     assert len(current_session().cache) <= 2
 
 
+def _functional_forward(model, x):
+    """The model's math without calling the model, so no forward scope ends and the cache keeps its casts."""
+    return torch.nn.functional.linear(x, model.weight, model.bias)
+
+
 def test_scale_loss_exit_clears_the_cache(o1_model):
     model, opt = o1_model
-    loss = model(torch.randn(2, 6)).float().sum()
+    loss = _functional_forward(model, torch.randn(2, 6)).float().sum()
     assert len(current_session().cache) == 2
     with amp.scale_loss(loss, opt) as scaled:
         scaled.backward()
+    assert len(current_session().cache) == 0
+
+
+def test_the_end_of_a_models_forward_clears_the_cache(o1_model):
+    model, _ = o1_model
+    model(torch.randn(2, 6))
     assert len(current_session().cache) == 0
 
 
@@ -129,8 +153,8 @@ def test_scale_loss_lets_backward_free_the_weight_casts(o1_model):
     import weakref
 
     model, opt = o1_model
-    loss = model(torch.randn(2, 6)).float().sum()
-    casts = [weakref.ref(entry[2]) for entry in current_session().cache._entries.values()]
+    loss = _functional_forward(model, torch.randn(2, 6)).float().sum()
+    casts = [weakref.ref(entry[-1]) for entry in current_session().cache._entries.values()]
     assert len(casts) == 2 and all(ref() is not None for ref in casts)
     with amp.scale_loss(loss, opt) as scaled:
         assert len(current_session().cache) == 0

@@ -101,13 +101,13 @@ def test_misuse_is_a_clear_error(call, needle):
         call(*model_opt())
 
 
-def test_initialize_twice_is_an_error_and_deinitialize_allows_again():
+def test_deinitialize_is_idempotent_and_allows_a_fresh_start():
     amp.initialize(*model_opt(), verbosity=0)
-    with pytest.raises(RuntimeError, match="deinitialize"):
-        amp.initialize(*model_opt(), verbosity=0)
     amp.deinitialize()
     amp.deinitialize()  # idempotent
+    assert current_session(required=False) is None
     amp.initialize(*model_opt(), verbosity=0)
+    assert len(current_session().optimizers) == 1
 
 
 def test_scale_loss_before_initialize_and_foreign_optimizer():

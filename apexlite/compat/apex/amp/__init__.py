@@ -1,6 +1,6 @@
 """`apex.amp`: every public name of apex.amp, backed by apexlite.amp.
 
-The submodules code reaches into are importable too: `apex.amp.amp`, `.frontend`, `.handle`,
+The submodules code reaches into are importable too: `apex.amp.amp`, `.frontend`, `.handle`, `.opt`,
 `.scaler` and `._amp_state`. `amp._amp_state` is the state object (as in apex), not the submodule.
 """
 from apexlite.amp import (  # noqa: F401
@@ -8,7 +8,7 @@ from apexlite.amp import (  # noqa: F401
     half_function, initialize, load_state_dict, master_params, promote_function,
     register_float_function, register_half_function, register_promote_function, scale_loss, state_dict,
 )
-from apexlite.compat.apex.amp import frontend, handle, scaler  # noqa: F401
+from apexlite.compat.apex.amp import frontend, handle, opt, scaler  # noqa: F401
 from apexlite.compat.apex.amp.amp import init
 from apexlite.compat.apex.amp._amp_state import _amp_state  # noqa: F401  (rebinds the name to the object)
 

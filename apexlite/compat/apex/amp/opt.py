@@ -1,0 +1,2 @@
+"""`apex.amp.opt`: the old API's optimizer wrapper (what `handle.wrap_optimizer` returns)."""
+from apexlite.amp.handle import OptimWrapper  # noqa: F401

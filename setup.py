@@ -16,7 +16,10 @@ from setuptools import setup
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CPU_SOURCES = ["csrc/torch/ops.cpp", "csrc/torch/fused_adam_cpu.cpp"]
 # -fopenmp: at::parallel_for is header code that runs serially unless the extension itself is built with OpenMP.
-CXX_FLAGS = ["-O3", "-fno-math-errno", "-fopenmp"]
+# -ffp-contract=off (and nvcc's --fmad=false): no fused multiply-adds, every float operation of adam_math.h
+# rounds as written, so the CPU kernel, the CUDA kernel and its host emulation agree bit for bit.
+CXX_FLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
+NVCC_FLAGS = ["-O3", "-std=c++17", "--fmad=false"]
 LINK_FLAGS = ["-fopenmp"]
 
 
@@ -67,7 +70,7 @@ def _native_build():
         sources = CPU_SOURCES + ["csrc/torch/fused_adam_cuda.cpp"] + sorted(glob.glob("csrc/cuda/*.cu"))
         ext = cpp_extension.CUDAExtension(
             "apexlite._C", sources, include_dirs=include_dirs + _pip_cuda_includes(),
-            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3", "-std=c++17"]}, extra_link_args=LINK_FLAGS,
+            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS}, extra_link_args=LINK_FLAGS,
         )
     else:
         ext = cpp_extension.CppExtension(

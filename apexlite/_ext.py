@@ -27,7 +27,7 @@ DISABLE_ENV = "APEXLITE_DISABLE_EXTENSION"
 OP_NAME = "apexlite::fused_adam_"
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 JIT_SOURCES = ("torch/ops.cpp", "torch/fused_adam_cpu.cpp")
-JIT_FLAGS = ("-O3", "-fno-math-errno", "-fopenmp")  # as setup.py
+JIT_FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp")  # as setup.py
 BUILD_HINT = (
     "build the kernels with `pip install --no-build-isolation -e .` from an apexlite checkout "
     "(needs a C++ compiler; the CUDA kernel also needs a CUDA build of torch and nvcc/CUDA_HOME), "

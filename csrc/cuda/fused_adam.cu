@@ -1,13 +1,12 @@
 // CUDA kernel of apexlite::fused_adam_: load -> adam_update (adam_math.h) -> store, over many
 // tensors per launch (multi_tensor_apply.cuh), then one small launch that advances the step counters.
 // Includes only CUDA headers and apexlite's own; csrc/torch/fused_adam_cuda.cpp binds it to torch.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
+// Also compiles as host C++ (APEXLITE_CUDA_HOST_EMULATION, see host_emulation.h) for the cuda_host tests.
 #include <type_traits>
 
 #include "apexlite/adam_math.h"
+#include "cuda_api.h"
+#include "launch.cuh"
 #include "launchers.h"
 #include "multi_tensor_apply.cuh"
 
@@ -41,7 +40,8 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { re
 
 template <typename P, typename G, typename M, typename C, AdamMode kMode>
 __global__ void __launch_bounds__(kBlockSize)
-    fused_adam_kernel(TensorListMeta<kDepth> meta, AdamHyper hyper, const float* grad_scale, const float* found_inf) {
+    fused_adam_kernel(TensorListMeta<kDepth> meta, AdamHyper hyper, const float* grad_scale, const float* found_inf,
+                      bool store_unscaled_grads) {
   if (found_inf != nullptr && *found_inf != 0.0f) return;
   const int slot = meta.block_to_tensor[blockIdx.x];
   const int64_t begin = static_cast<int64_t>(meta.block_to_chunk[blockIdx.x]) * kChunkSize;
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kBlockSize)
   const AdamScalars s = make_adam_scalars(hyper, step, grad_scale != nullptr ? *grad_scale : 1.0);
 
   P* p = static_cast<P*>(meta.addresses[kParamList][slot]);
-  const G* g = static_cast<const G*>(meta.addresses[kGradList][slot]);
+  G* g = static_cast<G*>(meta.addresses[kGradList][slot]);
   M* m = static_cast<M*>(meta.addresses[kExpAvgList][slot]);
   M* v = static_cast<M*>(meta.addresses[kExpAvgSqList][slot]);
   C* copy = static_cast<C*>(meta.addresses[kCopyList][slot]);
@@ -77,6 +77,7 @@ __global__ void __launch_bounds__(kBlockSize)
         m[i] = from_float<M>(rm[k]);
         v[i] = from_float<M>(rv[k]);
         if constexpr (!std::is_same<C, NoCopy>::value) copy[i] = from_float<C>(rp[k]);
+        if (store_unscaled_grads) g[i] = from_float<G>(rg[k] * s.inv_scale);  // the value adam_update used
       }
     }
   }
@@ -87,7 +88,7 @@ struct StepList {
   int count;
 };
 static_assert(sizeof(StepList) + sizeof(float*) <= kKernelArgBytes, "StepList exceeds the kernel-argument budget");
-static_assert(sizeof(TensorListMeta<kDepth>) + sizeof(AdamHyper) + 2 * sizeof(float*) <= kKernelArgBytes,
+static_assert(sizeof(TensorListMeta<kDepth>) + sizeof(AdamHyper) + 2 * sizeof(float*) + sizeof(bool) <= kKernelArgBytes,
               "TensorListMeta exceeds the kernel-argument budget");
 
 __global__ void advance_steps_kernel(StepList list, const float* found_inf) {
@@ -100,8 +101,7 @@ cudaError_t advance_steps(float* const* steps, int64_t count, const float* found
     StepList list;
     list.count = static_cast<int>(count - first < kMaxStepsPerLaunch ? count - first : kMaxStepsPerLaunch);
     for (int i = 0; i < list.count; ++i) list.steps[i] = steps[first + i];
-    advance_steps_kernel<<<1, kMaxStepsPerLaunch, 0, stream>>>(list, found_inf);
-    const cudaError_t error = cudaGetLastError();
+    const cudaError_t error = launch_kernel(advance_steps_kernel, 1, kMaxStepsPerLaunch, stream, list, found_inf);
     if (error != cudaSuccess) return error;
   }
   return cudaSuccess;
@@ -110,18 +110,13 @@ cudaError_t advance_steps(float* const* steps, int64_t count, const float* found
 template <typename P, typename G, typename M, typename C>
 cudaError_t launch_typed(const AdamTensorLists& l, const AdamHyper& hyper, AdamMode mode, const float* grad_scale,
                          const float* found_inf, cudaStream_t stream) {
-  void* const* const lists[kDepth] = {l.params, const_cast<void* const*>(l.grads), l.exp_avgs, l.exp_avg_sqs,
-                                      l.model_copies};
+  void* const* const lists[kDepth] = {l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, l.model_copies};
+  const bool store_grads = l.unscale_grads && grad_scale != nullptr;
+  const auto kernel = mode == AdamMode::kDecoupled ? fused_adam_kernel<P, G, M, C, AdamMode::kDecoupled>
+                                                   : fused_adam_kernel<P, G, M, C, AdamMode::kL2>;
   return multi_tensor_apply<kDepth>(lists, l.steps, l.numels, l.count,
                                     [&](const TensorListMeta<kDepth>& meta, int blocks) {
-    if (mode == AdamMode::kDecoupled) {
-      fused_adam_kernel<P, G, M, C, AdamMode::kDecoupled><<<blocks, kBlockSize, 0, stream>>>(meta, hyper, grad_scale,
-                                                                                              found_inf);
-    } else {
-      fused_adam_kernel<P, G, M, C, AdamMode::kL2><<<blocks, kBlockSize, 0, stream>>>(meta, hyper, grad_scale,
-                                                                                       found_inf);
-    }
-    return cudaGetLastError();
+    return launch_kernel(kernel, blocks, kBlockSize, stream, meta, hyper, grad_scale, found_inf, store_grads);
   });
 }
 

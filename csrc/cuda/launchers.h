@@ -2,11 +2,10 @@
 // The torch bindings (csrc/torch/*_cuda.cpp) validate tensors and call these.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "apexlite/adam_math.h"
+#include "cuda_api.h"
 
 namespace apexlite {
 namespace cuda {
@@ -18,7 +17,7 @@ enum class FloatKind : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 // belongs to tensor i; all tensors live on the current device and share, per list, one FloatKind.
 struct AdamTensorLists {
   void* const* params;           // updated weights (or fp32 masters)
-  const void* const* grads;
+  void* const* grads;            // written only when unscale_grads is set and a grad_scale is given
   void* const* exp_avgs;
   void* const* exp_avg_sqs;
   void* const* model_copies;     // nullptr when no half copies are written
@@ -29,11 +28,13 @@ struct AdamTensorLists {
   FloatKind grad_kind;
   FloatKind moment_kind;         // kFloat32 or kBFloat16
   FloatKind copy_kind;           // kFloat16 or kBFloat16; ignored without model_copies
+  bool unscale_grads;            // with a grad_scale, also store grad / grad_scale into grads
 };
 
 // Enqueues the Adam/AdamW update of every tensor plus the step-counter advance on `stream`.
 // grad_scale and found_inf are device pointers to one float each, or nullptr. A nonzero *found_inf
-// turns the whole call into a no-op, decided on the device: the host never waits.
+// turns the whole call into a no-op, decided on the device: the host never waits (grads stay as
+// they are then, scaled, as torch's fused optimizers leave them on a skipped step).
 cudaError_t launch_fused_adam(const AdamTensorLists& lists, const AdamHyper& hyper, AdamMode mode,
                               const float* grad_scale, const float* found_inf, cudaStream_t stream);
 

@@ -2,9 +2,9 @@
 // block -> (tensor, chunk) map and the tensor addresses travel by value in the kernel argument.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
+
+#include "cuda_api.h"
 
 namespace apexlite {
 namespace cuda {

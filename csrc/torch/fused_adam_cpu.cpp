@@ -29,6 +29,7 @@ struct Slot {
 struct TensorSlots {
   Slot param, grad, exp_avg, exp_avg_sq, copy;
   AdamScalars scalars;
+  bool store_unscaled_grads = false;
 };
 
 struct Task {
@@ -109,6 +110,10 @@ inline __attribute__((always_inline)) void run_task(const TensorSlots& t, const 
     store(t.exp_avg, off, n, m);
     store(t.exp_avg_sq, off, n, v);
     if (t.copy.data != nullptr) store(t.copy, off, n, p);
+    if (t.store_unscaled_grads) {  // the value adam_update used, as the CUDA kernel stores it
+      for (int64_t i = 0; i < n; ++i) g_buf[i] = g[i] * t.scalars.inv_scale;
+      store(t.grad, off, n, g_buf);
+    }
   }
 }
 
@@ -135,7 +140,7 @@ void fused_adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList 
                     at::TensorList exp_avg_sqs, at::TensorList state_steps, at::TensorList model_copies,
                     double lr, double beta1, double beta2, double eps, double weight_decay,
                     bool bias_correction, bool adam_w_mode, const c10::optional<at::Tensor>& grad_scale,
-                    const c10::optional<at::Tensor>& found_inf) {
+                    const c10::optional<at::Tensor>& found_inf, bool unscale_grads) {
   check_fused_adam_args(params, grads, exp_avgs, exp_avg_sqs, state_steps, model_copies, grad_scale,
                         found_inf, at::kCPU);
   // On the CPU the flags are host memory, so a skipped step costs nothing and touches nothing.
@@ -150,6 +155,7 @@ void fused_adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList 
     *step += 1.0f;
     TensorSlots& t = tensors[i];
     t.scalars = make_adam_scalars(hyper, static_cast<double>(*step), scale);
+    t.store_unscaled_grads = unscale_grads && grad_scale.has_value();
     if (params[i].numel() == 0) continue;
     t.param = slot_of(params[i]);
     t.grad = slot_of(grads[i]);

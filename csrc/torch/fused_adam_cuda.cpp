@@ -33,7 +33,7 @@ void fused_adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList
                      at::TensorList exp_avg_sqs, at::TensorList state_steps, at::TensorList model_copies,
                      double lr, double beta1, double beta2, double eps, double weight_decay,
                      bool bias_correction, bool adam_w_mode, const c10::optional<at::Tensor>& grad_scale,
-                     const c10::optional<at::Tensor>& found_inf) {
+                     const c10::optional<at::Tensor>& found_inf, bool unscale_grads) {
   check_fused_adam_args(params, grads, exp_avgs, exp_avg_sqs, state_steps, model_copies, grad_scale,
                         found_inf, at::kCUDA);
   if (params.empty()) return;
@@ -49,7 +49,7 @@ void fused_adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList
   }
   cuda::AdamTensorLists lists;
   lists.params = param_ptrs.data();
-  lists.grads = const_cast<const void* const*>(grad_ptrs.data());
+  lists.grads = grad_ptrs.data();
   lists.exp_avgs = exp_avg_ptrs.data();
   lists.exp_avg_sqs = exp_avg_sq_ptrs.data();
   lists.model_copies = model_copies.empty() ? nullptr : copy_ptrs.data();
@@ -60,6 +60,7 @@ void fused_adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList
   lists.grad_kind = kind_of(grads[0]);
   lists.moment_kind = kind_of(exp_avgs[0]);
   lists.copy_kind = model_copies.empty() ? cuda::FloatKind::kFloat16 : kind_of(model_copies[0]);
+  lists.unscale_grads = unscale_grads;
   const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, bias_correction};
   const cudaError_t error = cuda::launch_fused_adam(
       lists, hyper, adam_w_mode ? AdamMode::kDecoupled : AdamMode::kL2,

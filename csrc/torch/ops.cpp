@@ -6,17 +6,20 @@
 TORCH_LIBRARY(apexlite, m) {
   // One Adam/AdamW step over equally long tensor lists, all on one device, each list of one dtype.
   //   params:       the weights the math runs on (fp32, or fp16/bf16 without master weights)
-  //   grads:        fp32, fp16 or bf16 gradients (may carry a loss scale, see grad_scale)
+  //   grads:        fp32, fp16 or bf16 gradients (may carry a loss scale, see grad_scale); written only
+  //                 with unscale_grads and a grad_scale, on a step that is not skipped
   //   exp_avgs, exp_avg_sqs: moments, fp32 or bf16
   //   state_steps:  one float32 scalar tensor per param, advanced by one when the step is taken
   //   model_copies: empty, or fp16/bf16 tensors that receive the updated fp32 params (O2 copies)
   //   grad_scale:   optional 1-element float32 tensor holding the loss scale; grads are divided by it
   //   found_inf:    optional 1-element float32 tensor; nonzero skips the whole call (nothing changes)
+  //   unscale_grads: with a grad_scale, also store grad / grad_scale into grads (torch.amp.GradScaler's
+  //                 contract for optimizers that unscale inside their step)
   m.def(
-      "fused_adam_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "fused_adam_(Tensor(a!)[] params, Tensor(f!)[] grads, Tensor(b!)[] exp_avgs, "
       "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] state_steps, Tensor(e!)[] model_copies, *, "
       "float lr, float beta1, float beta2, float eps, float weight_decay, bool bias_correction, "
-      "bool adam_w_mode, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
+      "bool adam_w_mode, Tensor? grad_scale=None, Tensor? found_inf=None, bool unscale_grads=False) -> ()");
 }
 
 extern "C" {

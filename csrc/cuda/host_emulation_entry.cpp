@@ -1,0 +1,54 @@
+// C entry points of the host emulation build (APEXLITE_CUDA_HOST_EMULATION): csrc/cuda/fused_adam.cu
+// compiled by g++ and loaded with ctypes by tests/csrc/emulated_cuda.py. Pointers are host memory.
+// Never part of apexlite._C.
+#include <cstdint>
+
+#include "launchers.h"
+
+using apexlite::AdamHyper;
+using apexlite::AdamMode;
+using apexlite::cuda::AdamTensorLists;
+using apexlite::cuda::FloatKind;
+
+extern "C" {
+
+// launch_fused_adam on host pointers; kinds are FloatKind values. Returns the cudaError_t value.
+int apexlite_emulated_fused_adam(void* const* params, void* const* grads, void* const* exp_avgs,
+                                 void* const* exp_avg_sqs, void* const* model_copies, float* const* steps,
+                                 const int64_t* numels, int64_t count, int param_kind, int grad_kind,
+                                 int moment_kind, int copy_kind, double lr, double beta1, double beta2, double eps,
+                                 double weight_decay, int bias_correction, int adam_w_mode, const float* grad_scale,
+                                 const float* found_inf, int unscale_grads) {
+  AdamTensorLists lists;
+  lists.params = params;
+  lists.grads = grads;
+  lists.exp_avgs = exp_avgs;
+  lists.exp_avg_sqs = exp_avg_sqs;
+  lists.model_copies = model_copies;
+  lists.steps = steps;
+  lists.numels = numels;
+  lists.count = count;
+  lists.param_kind = static_cast<FloatKind>(param_kind);
+  lists.grad_kind = static_cast<FloatKind>(grad_kind);
+  lists.moment_kind = static_cast<FloatKind>(moment_kind);
+  lists.copy_kind = static_cast<FloatKind>(copy_kind);
+  lists.unscale_grads = unscale_grads != 0;
+  const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, bias_correction != 0};
+  return static_cast<int>(apexlite::cuda::launch_fused_adam(
+      lists, hyper, adam_w_mode ? AdamMode::kDecoupled : AdamMode::kL2, grad_scale, found_inf, nullptr));
+}
+
+// Copies up to `capacity` recorded launches (blocks, threads) into `out` and clears the record;
+// returns how many launches there were.
+int64_t apexlite_emulated_take_launches(int32_t* out, int64_t capacity) {
+  auto& log = apexlite::host_emulation::launch_log();
+  const int64_t total = static_cast<int64_t>(log.size());
+  for (int64_t i = 0; i < total && i < capacity; ++i) {
+    out[2 * i] = log[i].blocks;
+    out[2 * i + 1] = log[i].threads;
+  }
+  log.clear();
+  return total;
+}
+
+}  // extern "C"

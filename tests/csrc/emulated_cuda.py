@@ -1,0 +1,131 @@
+"""The CUDA kernel's own source (csrc/cuda/fused_adam.cu) built for the CPU with g++ and called via ctypes.
+
+``csrc/cuda/host_emulation.h`` stands in for the CUDA built-ins; every launch runs each block and
+thread serially (see that header for why this is exact). The library is built once per source
+version into a private cache folder (``$XDG_CACHE_HOME/apexlite/cuda-host-emulation``, default
+``~/.cache``) and reused, so only the first test session pays the few seconds of compiling.
+Only g++ is needed: no CUDA toolkit, no torch headers.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
+SOURCES = ("cuda/fused_adam.cu", "cuda/host_emulation_entry.cpp")
+# -ffp-contract=off as setup.py's CPU kernel flags: no fused multiply-adds, so every float operation
+# rounds as written and the two host builds can be compared bit for bit.
+FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-DAPEXLITE_CUDA_HOST_EMULATION",
+         "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas")
+KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # apexlite::cuda::FloatKind
+LAUNCH_LOG_CAPACITY = 1 << 16
+
+
+class CompilerMissing(RuntimeError):
+    """No C++ compiler to build the emulation library (the tests skip)."""
+
+
+def _compiler() -> str:
+    compiler = os.environ.get("CXX", "g++")
+    if shutil.which(compiler) is None:
+        raise CompilerMissing(f"{compiler} not found (set CXX to a C++17 compiler)")
+    return compiler
+
+
+def _private_cache() -> Path:
+    """A cache folder only this user can write to (a shared one could hand us a planted library)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "apexlite" / "cuda-host-emulation"
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = root.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise PermissionError(f"{root} must belong to you and not be writable by others (chmod 700 {root})")
+    return root
+
+
+def _digest(compiler: str) -> str:
+    """Names one build: every header and source under csrc/cuda and csrc/include, the flags, the compiler."""
+    digest = hashlib.sha256(" ".join(FLAGS).encode())
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    digest.update(version.encode())
+    for path in sorted(p for folder in ("cuda", "include") for p in (CSRC / folder).rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(CSRC)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:20]
+
+
+def build() -> Path:
+    """Path of the emulation library, compiled first if this source version has not been built yet."""
+    compiler = _compiler()
+    target = _private_cache() / f"libapexlite_cuda_host_{_digest(compiler)}.so"
+    if target.exists():
+        return target
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        output = Path(scratch) / target.name
+        command = [compiler, *FLAGS, f"-I{CSRC / 'include'}", f"-I{CSRC / 'cuda'}",
+                   "-x", "c++", str(CSRC / SOURCES[0]), "-x", "none", str(CSRC / SOURCES[1]), "-o", str(output)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"building the CUDA host emulation failed:\n{' '.join(command)}\n{result.stderr}")
+        os.replace(output, target)  # atomic: concurrent test sessions never load a half-written file
+    return target
+
+
+def _pointers(tensors: Sequence[torch.Tensor]):
+    return (ctypes.c_void_p * max(len(tensors), 1))(*[t.data_ptr() for t in tensors])
+
+
+class EmulatedKernels:
+    """``fused_adam_`` with the op's arguments, run by the CUDA kernel's code on CPU tensors."""
+
+    def __init__(self, path: Path) -> None:
+        self._lib = ctypes.CDLL(str(path))
+        self._lib.apexlite_emulated_fused_adam.restype = ctypes.c_int
+        self._lib.apexlite_emulated_fused_adam.argtypes = (
+            [ctypes.c_void_p] * 6 + [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_int] * 4
+            + [ctypes.c_double] * 5 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int])
+        self._lib.apexlite_emulated_take_launches.restype = ctypes.c_int64
+        self._lib.apexlite_emulated_take_launches.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+
+    def fused_adam_(self, params: List[torch.Tensor], grads: List[torch.Tensor], exp_avgs: List[torch.Tensor],
+                    exp_avg_sqs: List[torch.Tensor], state_steps: List[torch.Tensor],
+                    model_copies: List[torch.Tensor], *, lr: float, beta1: float, beta2: float, eps: float,
+                    weight_decay: float, bias_correction: bool, adam_w_mode: bool,
+                    grad_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
+                    unscale_grads: bool = False) -> None:
+        """Runs launch_fused_adam on the tensors' memory; raises on a launch error (a bad dtype mix)."""
+        lists = (params, grads, exp_avgs, exp_avg_sqs, state_steps, model_copies)
+        for tensor in (t for lst in lists for t in lst):
+            assert tensor.device.type == "cpu" and tensor.is_contiguous(), "contiguous CPU tensors only"
+        numels = (ctypes.c_int64 * max(len(params), 1))(*[p.numel() for p in params])
+        first = lambda lst, default=torch.float32: lst[0].dtype if lst else default  # noqa: E731
+        error = self._lib.apexlite_emulated_fused_adam(
+            _pointers(params), _pointers(grads), _pointers(exp_avgs), _pointers(exp_avg_sqs),
+            _pointers(model_copies) if model_copies else None, _pointers(state_steps), numels, len(params),
+            KINDS[first(params)], KINDS[first(grads)], KINDS[first(exp_avgs)],
+            KINDS[first(model_copies, torch.float16)], lr, beta1, beta2, eps, weight_decay,
+            int(bias_correction), int(adam_w_mode),
+            None if grad_scale is None else grad_scale.data_ptr(),
+            None if found_inf is None else found_inf.data_ptr(), int(unscale_grads))
+        if error != 0:
+            raise RuntimeError(f"emulated launch_fused_adam returned cudaError {error}")
+
+    def take_launches(self) -> List[Tuple[int, int]]:
+        """(blocks, threads) of every launch since the last call, in order."""
+        buffer = (ctypes.c_int32 * (2 * LAUNCH_LOG_CAPACITY))()
+        count = self._lib.apexlite_emulated_take_launches(buffer, LAUNCH_LOG_CAPACITY)
+        assert count <= LAUNCH_LOG_CAPACITY, "launch log overflow"
+        return [(buffer[2 * i], buffer[2 * i + 1]) for i in range(count)]
+
+
+@functools.lru_cache(maxsize=None)
+def kernels() -> EmulatedKernels:
+    """The emulation library of the current sources, built on first use."""
+    return EmulatedKernels(build())

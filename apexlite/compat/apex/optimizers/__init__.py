@@ -1,8 +1,9 @@
-"""`apex.optimizers`: FusedAdam (apexlite's fused kernel) and FusedSGD/LAMB/NovoGrad/Adagrad.
+"""`apex.optimizers`: FusedAdam (apexlite's fused kernel), FusedSGD/LAMB/NovoGrad/Adagrad and
+FusedMixedPrecisionLamb.
 
 FusedAdam is looked up lazily from apexlite.optimizers, so this module imports even where that
-package cannot be (see `_adam_fallback`). The pre-2019 `FP16_Optimizer` and FusedMixedPrecisionLamb
-are importable and raise when constructed, naming the replacement.
+package cannot be (see `_adam_fallback`). The pre-2019 `FP16_Optimizer` is importable and raises when
+constructed, naming the replacement.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from apexlite.compat._unsupported import unsupported_class
 from apexlite.optimizers.fused_adagrad import FusedAdagrad
 from apexlite.optimizers.fused_lamb import FusedLAMB
+from apexlite.optimizers.fused_mixed_precision_lamb import FusedMixedPrecisionLamb
 from apexlite.optimizers.fused_novograd import FusedNovoGrad
 from apexlite.optimizers.fused_sgd import FusedSGD
 
@@ -18,12 +20,8 @@ FP16_Optimizer = unsupported_class(
     "apex.optimizers.FP16_Optimizer (the pre-2019 optimizer wrapper)",
     "Use apex.fp16_utils.FP16_Optimizer, or better amp.initialize(model, optimizer, opt_level='O2').",
 )
-FusedMixedPrecisionLamb = unsupported_class(
-    "apex.optimizers.FusedMixedPrecisionLamb",
-    "Use apex.optimizers.FusedLAMB with amp.initialize(..., opt_level='O2') for fp32 master weights.",
-)
 
-__all__ = ["FusedAdam", "FusedSGD", "FusedLAMB", "FusedNovoGrad", "FusedAdagrad"]
+__all__ = ["FusedAdam", "FusedSGD", "FusedLAMB", "FusedNovoGrad", "FusedAdagrad", "FusedMixedPrecisionLamb"]
 
 
 def __getattr__(name: str) -> Any:

@@ -216,7 +216,7 @@ class RunStats:
         """A JSON-ready summary (floats that are not finite become None; counts say why)."""
         quartiles = self.step_times.quartiles()
         curve = [[step, _finite(_as_float(loss))] for step, loss in self.loss_curve.points]
-        first_bad = next((step for step, value in curve if value is None and step > NONFINITE_GRACE_STEPS), None)
+        first_bad = next((step for step, value in curve if value is None), None)
         recent = [_as_float(loss) for loss in self._recent_losses]
         return {
             "opt_level": self.opt_level,

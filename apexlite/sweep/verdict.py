@@ -1,0 +1,150 @@
+"""From run records to rows, statuses, a baseline and a recommendation (pure functions, no processes)."""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, List, Optional, Tuple
+
+from apexlite.amp.opt_levels import OPT_LEVELS
+from apexlite.amp.telemetry import FINAL_LOSS_WINDOW, NONFINITE_GRACE_STEPS
+from apexlite.sweep.options import TIE_MARGIN
+
+STATUS_ORDER = ("failed", "timeout", "diverged", "ok")  # a row takes the first status any repeat had
+DIVERGED_LOSS_RATIO = 2.0
+# telemetry fields whose median over the repeats a row reports
+MEDIAN_FIELDS = ("steps", "applied_steps", "skipped_steps", "measured_steps", "step_time_ms", "step_time_ms_iqr",
+                 "peak_tensor_mb", "state_bytes_per_param", "max_rss_mb", "first_loss", "final_loss",
+                 "loss_scale", "casts_per_iteration")
+
+
+def label(row: Dict[str, Any]) -> str:
+    return f"{row['opt_level']} {row['dtype']}"
+
+
+def _nonfinite_reason(telemetry: Dict[str, Any]) -> Optional[str]:
+    late = telemetry.get("nonfinite_losses") or 0
+    final_bad = bool(telemetry.get("loss_calls")) and telemetry.get("final_loss") is None
+    if not late and not final_bad:
+        return None
+    where = telemetry.get("first_nonfinite_loss_step")
+    reason = ("the loss became non-finite" + (f" at step {where}" if where else "")
+              + (f" ({late} non-finite losses after step {NONFINITE_GRACE_STEPS})" if late else
+                 f" (the last {FINAL_LOSS_WINDOW} losses are not all finite)"))
+    traps = telemetry.get("known_traps") or []
+    return reason + ("; known trap: " + " ".join(traps) if traps else "")
+
+
+def classify(record: Dict[str, Any]) -> Dict[str, Any]:
+    """An `ok` record whose loss went non-finite becomes `diverged`, with the reason (and known trap)."""
+    telemetry = record.get("telemetry")
+    if record["status"] == "ok" and telemetry:
+        reason = _nonfinite_reason(telemetry)
+        if reason:
+            record.update(status="diverged", error=reason)
+    return record
+
+
+def _median(values: List[Any]) -> Any:
+    present = [value for value in values if value is not None]
+    if not present:
+        return None
+    middle = statistics.median(present)
+    return int(middle) if all(isinstance(value, int) for value in present) and middle == int(middle) else middle
+
+
+def _without_curve(record: Dict[str, Any]) -> Dict[str, Any]:
+    """A raw record for the JSON: the row already carries one loss curve."""
+    telemetry = {key: value for key, value in (record.get("telemetry") or {}).items() if key != "loss_curve"}
+    return {**record, "telemetry": telemetry or None}
+
+
+def combine(records: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One row for one combination: medians over its repeats, the worst status, the raw records."""
+    status = next(s for s in STATUS_ORDER if any(r["status"] == s for r in records))
+    first_with_status = next(r for r in records if r["status"] == status)
+    measured = [r["telemetry"] for r in records if r.get("telemetry")]
+    row: Dict[str, Any] = {"opt_level": records[0]["opt_level"], "dtype": records[0]["dtype"], "status": status,
+                           "error": first_with_status["error"], "repeats": len(records)}
+    for field in MEDIAN_FIELDS:
+        row[field] = _median([t.get(field) for t in measured])
+    row["step_time_ms_repeats"] = [t.get("step_time_ms") for t in measured]
+    row["wall_time_s"] = _median([r.get("wall_time_s") for r in records])
+    first = measured[0] if measured else {}
+    row["peak_tensor_measure"] = first.get("peak_tensor_measure")
+    row["known_traps"] = list(dict.fromkeys(trap for t in measured for trap in t.get("known_traps", [])))
+    row["loss_curve"] = first.get("loss_curve", [])
+    row["skipped_at"] = first.get("skipped_at", [])
+    row["runs"] = [_without_curve(record) for record in records]
+    if status == "timeout" and measured:
+        row["error"] += f" (measured {row['steps']} steps before that)"
+    return row
+
+
+def relative_excess(loss: float, baseline: float) -> float:
+    """How far `loss` lies above `baseline`, as a fraction of |baseline| (absolute when baseline is 0)."""
+    return loss - baseline if baseline == 0 else (loss - baseline) / abs(baseline)
+
+
+def choose_baseline(rows: List[Dict[str, Any]]) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """O0 when it finished with a finite loss; else the first successful run, with a note saying so."""
+    usable = [row for row in rows if row["status"] == "ok" and row["final_loss"] is not None]
+    o0 = next((row for row in rows if row["opt_level"] == "O0"), None)
+    if o0 is not None and o0 in usable:
+        return o0, None
+    why = "O0 was not part of this sweep" if o0 is None else f"O0 did not finish cleanly ({o0['status']})"
+    if not usable:
+        return None, f"{why}, and no other run finished with a finite loss"
+    return usable[0], f"{why}: losses are compared with {label(usable[0])}, the first successful run"
+
+
+def apply_baseline(rows: List[Dict[str, Any]], baseline: Optional[Dict[str, Any]]) -> None:
+    """Set loss_vs_baseline on every row; an ok row whose final loss is above 2x the baseline's diverged."""
+    for row in rows:
+        row["loss_vs_baseline"] = None
+        if baseline is None or row["final_loss"] is None:
+            continue
+        base = baseline["final_loss"]
+        if base > 0:
+            row["loss_vs_baseline"] = row["final_loss"] / base
+        if row["status"] == "ok" and relative_excess(row["final_loss"], base) > DIVERGED_LOSS_RATIO - 1:
+            row.update(status="diverged", error=f"final loss {row['final_loss']:.4g} is above "
+                                                f"{DIVERGED_LOSS_RATIO:g}x the baseline's ({base:.4g})")
+
+
+def _rank(row: Dict[str, Any], order: List[Tuple[str, str]]) -> Tuple[int, int]:
+    pair = (row["opt_level"], row["dtype"])
+    return list(OPT_LEVELS).index(row["opt_level"]), order.index(pair) if pair in order else len(order)
+
+
+def recommend(rows: List[Dict[str, Any]], baseline: Optional[Dict[str, Any]], note: Optional[str],
+              tolerance: float) -> Dict[str, Any]:
+    """The fastest ok combination within `tolerance` of the baseline's loss (ties: lower opt level)."""
+    def decision(row: Optional[Dict[str, Any]], reason: str) -> Dict[str, Any]:
+        reason = f"{note}. {reason}" if note else reason
+        return {"opt_level": row["opt_level"] if row else None, "dtype": row["dtype"] if row else None,
+                "baseline": label(baseline) if baseline else None, "reason": reason}
+
+    if baseline is None:
+        return decision(None, "Nothing to recommend.")
+    base_loss = baseline["final_loss"]
+    excluded = [f"{label(row)} ({row['status']})" for row in rows if row["status"] != "ok"]
+    candidates = [row for row in rows if row["status"] == "ok" and row["step_time_ms"] is not None
+                  and row["final_loss"] is not None and relative_excess(row["final_loss"], base_loss) <= tolerance]
+    left_out = "; not considered: " + ", ".join(excluded) if excluded else ""
+    if not candidates:
+        return decision(None, f"No run that finished cleanly kept its final loss within {tolerance:.0%} of "
+                              f"{label(baseline)}'s and measured a step time{left_out}.")
+    fastest = min(row["step_time_ms"] for row in candidates)
+    ties = [row for row in candidates if row["step_time_ms"] <= fastest * (1 + TIE_MARGIN)]
+    order = [(row["opt_level"], row["dtype"]) for row in rows]
+    choice = min(ties, key=lambda row: _rank(row, order))
+    reason = f"{label(choice)}: {choice['step_time_ms']:.3g} ms/step"
+    if choice is not baseline and baseline["step_time_ms"]:
+        reason += f" ({baseline['step_time_ms'] / choice['step_time_ms']:.2f}x the speed of {label(baseline)})"
+    ratio = relative_excess(choice["final_loss"], base_loss)
+    reason += (f", final loss {ratio:+.1%} vs {label(baseline)}'s (tolerance {tolerance:.0%})" if choice is not
+               baseline else f", the baseline itself")
+    others = [label(row) for row in ties if row is not choice]
+    if others:
+        reason += (f"; {', '.join(others)} within {TIE_MARGIN:.0%} of the fastest step time: "
+                   "the lower opt level is preferred")
+    return decision(choice, reason + left_out + ".")

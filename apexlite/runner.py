@@ -5,14 +5,17 @@ The script runs in this process exactly as `python SCRIPT ARGS...` would run it 
 and traceback are the process's), with the apex import hook installed first so `import apex` and
 `import amp_C` resolve to apexlite.compat. APEXLITE_OPT_LEVEL / APEXLITE_DTYPE in the environment
 are honoured by `amp.initialize`, so the opt level or dtype can change without editing the script.
+When `main()` returns (or raises), `sys.argv`, `sys.path`, `sys.meta_path` and `PYTHONPATH` are as
+it found them, so a run can be embedded in another Python program.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import sys
 from types import TracebackType
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 from apexlite._logging import get_logger
 from apexlite.compat import hook
@@ -24,8 +27,11 @@ USAGE = """usage: python -m apexlite run SCRIPT [ARGS...]
        python -m apexlite run -m MODULE [ARGS...]
 
 Runs a legacy apex script unchanged: `import apex` / `from apex import amp` / `import amp_C` resolve to
-apexlite. Environment: APEXLITE_OPT_LEVEL=O0..O3 and APEXLITE_DTYPE=float16|bfloat16 override what the
-script passes to amp.initialize; APEXLITE_TELEMETRY=FILE writes the run's statistics as JSON at exit."""
+apexlite, in the script and in every Python process it starts, and importlib.metadata reports an `apex`
+distribution (version 0.1+apexlite) so libraries that check for apex find it.
+Environment: APEXLITE_OPT_LEVEL=O0..O3 and APEXLITE_DTYPE=float16|bfloat16 override what the
+script passes to amp.initialize; APEXLITE_TELEMETRY=FILE writes the run's statistics as JSON at exit;
+APEXLITE_MAX_STEPS=N ends the run cleanly after N optimizer steps."""
 
 
 def _user_frames(tb: Optional[TracebackType], origin: Optional[str]) -> Optional[TracebackType]:
@@ -60,15 +66,43 @@ def _origin_of_module(name: str) -> Optional[str]:
     return spec.origin if spec is not None else None
 
 
-def _install_hook() -> None:
-    """The hook in this process, and the stand-ins first on the path of every process it starts.
+class _InterpreterState:
+    """The process-wide state a run changes: argv, the import path and finders, PYTHONPATH."""
 
-    multiprocessing's `spawn` children copy this `sys.path`; new interpreters read `PYTHONPATH`.
+    def __init__(self) -> None:
+        self.argv, self.path, self.meta_path = sys.argv, sys.path, sys.meta_path
+        self.argv_items, self.path_items, self.meta_path_items = list(sys.argv), list(sys.path), list(sys.meta_path)
+        self.pythonpath = os.environ.get("PYTHONPATH")
+
+    def restore(self) -> None:
+        """Put back the same list objects with the same items (the script may have rebound or edited them)."""
+        sys.argv, sys.path, sys.meta_path = self.argv, self.path, self.meta_path
+        self.argv[:], self.path[:], self.meta_path[:] = self.argv_items, self.path_items, self.meta_path_items
+        if self.pythonpath is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = self.pythonpath
+
+
+@contextlib.contextmanager
+def _legacy_environment(argv: List[str], path0: str) -> Iterator[None]:
+    """`sys.argv`/`sys.path[0]` as `python SCRIPT` sets them, the hook installed; all undone on exit.
+
+    The hook serves this process. Processes it starts get `child_path` first on `PYTHONPATH` (new
+    interpreters, spawn/forkserver children): its `sitecustomize` installs the hook there at start-up,
+    ahead of everything on their `sys.path`. `sys.path` gets the folder too, for children started with
+    `-S` (no sitecustomize), which still find the `apex`/`amp_C` stand-ins in it.
     """
-    hook.install()
-    sys.path.insert(1, CHILD_PATH)
-    inherited = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = CHILD_PATH + (os.pathsep + inherited if inherited else "")
+    saved = _InterpreterState()
+    finder = hook.install()
+    try:
+        sys.argv = argv
+        sys.path[0:1] = [path0, CHILD_PATH]
+        os.environ["PYTHONPATH"] = CHILD_PATH + (os.pathsep + saved.pythonpath if saved.pythonpath else "")
+        yield
+    finally:
+        hook.uninstall(finder)
+        saved.restore()
 
 
 def run_script(path: str, args: List[str]) -> int:
@@ -76,35 +110,32 @@ def run_script(path: str, args: List[str]) -> int:
     if not os.path.exists(path):
         sys.stderr.write(f"apexlite run: can't open file {path!r}: [Errno 2] No such file or directory\n")
         return 2
-    sys.argv = [path, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(path))
-    _install_hook()
-    try:
-        runpy.run_path(path, run_name="__main__")
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except BaseException as error:  # noqa: B902 -- every other error ends the run as in `python SCRIPT`
-        return _report_exception(error, path)
+    with _legacy_environment([path, *args], os.path.dirname(os.path.abspath(path))):
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as error:  # noqa: B902 -- every other error ends the run as in `python SCRIPT`
+            return _report_exception(error, path)
     return 0
 
 
 def run_module(name: str, args: List[str]) -> int:
     """Run module `name` as __main__ (like `python -m name`) with the hook installed."""
-    sys.argv = [name, *args]  # runpy replaces argv[0] with the module's path, as `python -m` does
-    sys.path[0] = os.getcwd()
-    _install_hook()
-    origin = _origin_of_module(name)
-    try:
-        runpy.run_module(name, run_name="__main__", alter_sys=True)
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except ImportError as error:
-        if origin is None:
-            sys.stderr.write(f"apexlite run: No module named {name!r} ({error})\n")
-            return 1
-        return _report_exception(error, origin)
-    except BaseException as error:  # noqa: B902
-        return _report_exception(error, origin)
+    # runpy replaces argv[0] with the module's path, as `python -m` does
+    with _legacy_environment([name, *args], os.getcwd()):
+        origin = _origin_of_module(name)
+        try:
+            runpy.run_module(name, run_name="__main__", alter_sys=True)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except ImportError as error:
+            if origin is None:
+                sys.stderr.write(f"apexlite run: No module named {name!r} ({error})\n")
+                return 1
+            return _report_exception(error, origin)
+        except BaseException as error:  # noqa: B902
+            return _report_exception(error, origin)
     return 0
 
 

@@ -1,11 +1,13 @@
 """The import hook behind `apexlite run`: `import apex...` and `import amp_C` resolve to apexlite.compat.
 
 The hook is a `sys.meta_path` finder installed only by the runner, in the process that runs the
-script; processes that script starts get it from the stand-ins in `child_path` (see there). Nothing
-in apexlite installs it at import time, so a real NVIDIA apex installed next to apexlite is never
-shadowed outside `apexlite run`. Aliased modules are the compat modules
-themselves (`sys.modules["apex.amp"] is apexlite.compat.apex.amp`), so isinstance checks and
-module-level state are shared whichever name a script uses.
+script; processes that script starts get it through `child_path` (see there). Nothing in apexlite
+installs it at import time, so a real NVIDIA apex installed next to apexlite is never shadowed
+outside `apexlite run`. Aliased modules are the compat modules themselves
+(`sys.modules["apex.amp"] is apexlite.compat.apex.amp`), so isinstance checks and module-level state
+are shared whichever name a script uses. While installed, the finder also answers
+`importlib.metadata` for the `apex` distribution, so libraries that check for apex by its metadata
+(Hugging Face transformers' `is_apex_available()`) find it.
 """
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import sys
 import types
 from typing import Dict, Iterator, List, Optional
 
 from apexlite.compat._unsupported import UnsupportedModule
+from apexlite.compat.child_path.sitecustomize import apex_distributions
 
 COMPAT_PACKAGE = "apexlite.compat"
 # legacy top-level name -> module that provides it
@@ -103,6 +107,10 @@ class ApexAliasFinder(importlib.abc.MetaPathFinder):
             self._publish_loaded(name)
         self.aliases.append(name)
         return importlib.machinery.ModuleSpec(name, _AliasLoader(module), is_package=hasattr(module, "__path__"))
+
+    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
+        """`importlib.metadata`'s question: the `apex` distribution (version 0.1+apexlite) while installed."""
+        return apex_distributions(context)
 
 
 def install() -> ApexAliasFinder:

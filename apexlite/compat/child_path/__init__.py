@@ -1,9 +1,11 @@
-"""A folder the runner puts on the path of every process a run starts (spawn, subprocess).
+"""A folder the runner puts first on the path of every process a run starts (spawn, subprocess).
 
-It holds stand-ins for the top-level legacy names (`apex`, `amp_C`). The runner's import hook lives
-in one process only; a child started with the `spawn` method or as a new interpreter gets this folder
-through `sys.path` (multiprocessing copies it) and `PYTHONPATH`, and the first legacy import there
-installs the hook in the child. Outside `apexlite run` the folder is on no path.
+It holds `sitecustomize`, which every new interpreter imports at start-up: it installs a small
+finder ahead of everything on `sys.path`, so `apex`/`amp_C` resolve to apexlite in the child exactly
+as in the run's own process, and answers `importlib.metadata` for `apex`. It also holds stand-ins
+for the top-level legacy names (`apex`, `amp_C`) for children started without site (`python -S`),
+which find them on `sys.path` (multiprocessing copies it) or `PYTHONPATH`. Outside `apexlite run`
+the folder is on no path.
 """
 import os
 

@@ -99,3 +99,16 @@ def test_distributed_two_processes_gloo_stay_in_sync():
         assert code == 0, err
         assert f"rank {rank}: weights identical on all 2 ranks" in out
     assert len(floats(r"step \d+ loss ([\d.]+)", outputs[0][1])) == 5
+
+
+def test_long_training_is_cut_by_a_step_budget_and_learns(tmp_path):
+    """Written to train for 90 x 2000 steps; APEXLITE_MAX_STEPS ends it cleanly after 8, before its checkpoint."""
+    checkpoint = tmp_path / "final.pt"
+    result = run_example("long_training_amp.py", "--opt-level", "O2", "--print-freq", "1",
+                         "--checkpoint", str(checkpoint), env={"APEXLITE_MAX_STEPS": "8"})
+    assert result.returncode == 0, result.stderr
+    losses = floats(r"step \d+ loss ([\d.]+)", result.stdout)
+    assert len(losses) == 7  # the 8th optimizer.step() ends the run before the script prints it
+    assert losses[-1] < 0.9 * losses[0]
+    assert "apexlite: run cut at 8 optimizer steps (APEXLITE_MAX_STEPS=8); exiting with status 0" in result.stderr
+    assert not checkpoint.exists()

@@ -1,10 +1,19 @@
-"""`python -m apexlite check`: static listing of apex APIs with their apexlite status."""
+"""`python -m apexlite check`: static listing of apex APIs with their apexlite status.
+
+Also: the status table agrees with MIGRATION.md's tables row by row, and with what the names resolve
+to at run time; any file Python would run is read; anything else gets one line and its own exit status.
+"""
+import os
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-from apexlite import check
+import pytest
+
+from apexlite import api_status, check
+from apexlite.compat import apex_aliases
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,11 +54,141 @@ def test_scan_classifies_supported_differs_and_unsupported():
     assert rows["apex.fp16_utils.to_python_float"] == ([16], "supported")  # through the star import
     assert rows["apex.amp._amp_state"] == ([15], "supported")
     assert rows["apex.contrib.xentropy"][1].startswith("unsupported: ")
-    assert "torch.nn.LSTM" in rows["apex.RNN.LSTM"][1] and rows["apex.RNN.LSTM"][1].startswith("unsupported: ")
-    assert rows["apex.amp.init"][1].startswith("unsupported: ") and "amp.initialize" in rows["apex.amp.init"][1]
+    assert rows["apex.amp.init"] == ([17], "supported")
     assert rows["apex.amp.no_such_function"][1].startswith("unsupported: ")
-    assert rows["amp_C.multi_tensor_l2norm"][1].startswith("differs: torch foreach")
+    assert rows["amp_C.multi_tensor_l2norm"][1].startswith("differs: torch ops")
 
+
+@pytest.mark.parametrize("source,line", [
+    ("import torch.nn.functional as F\nloss = F.binary_cross_entropy(p, t)\n", 2),
+    ("import torch\nloss = torch.nn.functional.binary_cross_entropy(p, t)\n", 2),
+    ("from torch.nn import functional as F\nF.binary_cross_entropy(p, t)\n", 2),
+    ("from torch.nn.functional import binary_cross_entropy as bce\nbce(p, t)\n", 1),
+    ("from torch.nn.functional import *\nbinary_cross_entropy(p, t)\n", 2),
+    ("import torch.nn as nn\ncriterion = nn.BCELoss()\n", 2),
+    ("from torch import nn\ncriterion = nn.BCELoss()\n", 2),
+    ("from torch.nn.modules.loss import BCELoss\n", 1),
+])
+def test_o1_refused_torch_functions_are_flagged_with_the_fix(source, line):
+    rows = check.scan(source)
+    assert len(rows) == 1
+    api, lines, status = rows[0]
+    assert api in ("torch.nn.functional.binary_cross_entropy", "torch.nn.BCELoss")
+    assert line in lines
+    assert status.startswith("raises at O1: ") and "BCEWithLogitsLoss" in status
+    assert "register_float_function(torch, 'sigmoid')" in status
+
+
+def test_logit_losses_and_other_torch_uses_are_not_flagged():
+    source = ("import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+              "nn.BCEWithLogitsLoss()(x, y)\nF.binary_cross_entropy_with_logits(x, y)\ntorch.sigmoid(x)\n")
+    assert check.scan(source) == []
+
+
+def test_cli_flags_bce_without_failing_the_exit_status(tmp_path, capsys):
+    script = tmp_path / "bce.py"
+    script.write_text("from apex import amp\nimport torch.nn as nn\nloss = nn.BCELoss()\n")
+    assert check.main([str(script)]) == 0
+    out = capsys.readouterr().out
+    assert "torch.nn.BCELoss" in out and "line 3: raises at O1" in out
+    assert "1 raise at O1 with fp16/bf16 inputs" in out
+
+
+@pytest.mark.parametrize("source,name", [
+    ("import apex.RNN\n", "apex.RNN"),
+    ("from apex import RNN\nRNN.LSTM(4, 4, 1)\n", "apex.RNN.LSTM"),
+    ("from apex.RNN import mLSTM\n", "apex.RNN.mLSTM"),
+])
+def test_apex_rnn_reported_with_its_true_status(source, name):
+    rows = _statuses(source)
+    status = rows[name][1]
+    assert status.startswith("unsupported: ") and "torch.nn.LSTM" in status
+    assert "no longer imports on torch >= 1.x" in status
+
+
+# --- MIGRATION.md's tables and the status table agree ---------------------------------------------------------
+
+_FULL_PREFIXES = ("apex.", "amp_C.", "torch.")
+
+
+def _migration_rows():
+    """(section, api, status) for every API named in the first column of MIGRATION.md's status tables."""
+    rows, section, status_column = [], None, None
+    for line in (ROOT / "MIGRATION.md").read_text().splitlines():
+        if line.startswith("## "):
+            section, status_column = line[3:].split()[0], None
+        elif line.startswith("|") and status_column is None:
+            header = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            status_column = header.index("status") if "status" in header else -1
+        elif line.startswith("|") and status_column >= 0 and not line.startswith("|---"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            for span in re.findall(r"`([^`]+)`", cells[0]):
+                name = re.match(r"[A-Za-z_][\w.]*", span).group(0)
+                rows.append((section, _qualify(section, name), cells[status_column]))
+    return rows
+
+
+def _qualify(section, name):
+    if name.startswith(_FULL_PREFIXES) or name in ("apex", "amp_C"):
+        return name
+    assert section.startswith("apex."), f"{name!r} in a section without a module needs its full name"
+    parent, _, leaf = section.rpartition(".")
+    return f"{parent}.{name}" if name.startswith(leaf + ".") else f"{section}.{name}"
+
+
+MIGRATION_ROWS = _migration_rows()
+
+
+def test_migration_tables_are_found():
+    sections = {section for section, _, _ in MIGRATION_ROWS}
+    assert {"apex.amp", "apex.optimizers", "apex.parallel", "apex.fp16_utils", "apex.normalization",
+            "apex.multi_tensor_apply", "torch"} <= sections
+    assert len(MIGRATION_ROWS) > 60
+
+
+@pytest.mark.parametrize("section,api,migration_status", MIGRATION_ROWS,
+                         ids=[api for _, api, _ in MIGRATION_ROWS])
+def test_check_reports_what_migration_states(section, api, migration_status):
+    assert migration_status in api_status.KINDS
+    if api.startswith("torch."):
+        reported = check.scan(f"import torch\n{api}\n")[0][2]
+    else:
+        reported = check.status_of(api)[1]
+    assert reported.split(":")[0] == migration_status, f"check says {reported!r}"
+
+
+def test_every_status_row_is_in_migration():
+    in_migration = {api for _, api, _ in MIGRATION_ROWS}
+    missing = [row.api for row in api_status.TABLE if row.api not in in_migration]
+    assert not missing, f"MIGRATION.md has no row for {missing}"
+
+
+def _runtime_object(api):
+    module_name, _, attr = api.rpartition(".")
+    import importlib
+
+    with apex_aliases():
+        try:
+            module = importlib.import_module(api)
+        except ImportError:
+            module = getattr(importlib.import_module(module_name), attr, None)
+    return module
+
+
+@pytest.mark.parametrize("row", [row for row in api_status.TABLE if not row.api.startswith("torch.")],
+                         ids=lambda row: row.api)
+def test_status_table_agrees_with_what_the_names_are(row):
+    """A supported/differs row must be a real implementation; an unsupported one a placeholder or area."""
+    obj = _runtime_object(row.api) if row.api != "apex.parallel.multiproc" else None
+    placeholder = obj is None or getattr(obj, "apexlite_unsupported", False) or (
+        type(obj).__name__ == "UnsupportedModule")
+    if row.kind == api_status.UNSUPPORTED:
+        assert placeholder or row.api == "apex.RNN", f"{row.api} is implemented but listed as unsupported"
+    else:
+        assert not placeholder, f"{row.api} is listed as {row.kind} but is a placeholder"
+
+
+# --- reading scripts -------------------------------------------------------------------------------------------
 
 def test_cli_reads_without_executing_and_sets_exit_status(tmp_path):
     script = tmp_path / "legacy.py"
@@ -68,9 +207,83 @@ def test_cli_all_supported_example_exits_zero(capsys):
     assert "apex.optimizers.FusedAdam" in out and "0 unsupported" in out
 
 
-def test_cli_reports_unreadable_script(tmp_path, capsys):
+@pytest.mark.parametrize("raw", [
+    "# -*- coding: latin-1 -*-\n# caf\u00e9 \u00e0 la cr\u00e8me\nfrom apex import amp\namp.initialize\n".encode("latin-1"),
+    b"\xef\xbb\xbffrom apex import amp\namp.initialize\n",
+    "# coding: cp1252\nname = '\u20ac'\nfrom apex import amp\namp.initialize\n".encode("cp1252"),
+])
+def test_reads_any_encoding_python_accepts(tmp_path, capsys, raw):
+    script = tmp_path / "encoded.py"
+    script.write_bytes(raw)
+    compile(raw, str(script), "exec")  # Python itself accepts the file
+    assert check.main([str(script)]) == 0
+    assert "apex.amp.initialize" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("source,name", [
+    ("from apex.no_such_module import *\n", "apex.no_such_module"),
+    ("from apex.contrib.xentropy import *\n", "apex.contrib.xentropy"),
+    ("from apex.amp.no_such import *\n", "apex.amp.no_such"),
+])
+def test_star_import_of_missing_module_is_reported(source, name):
+    rows = _statuses(source)
+    assert rows[name][1].startswith("unsupported: ")
+
+
+def test_star_import_binds_only_apex_names():
+    rows = _statuses("from apex import *\nfrom amp_C import *\nimport torch\namp.initialize\ntorch.zeros(1)\n"
+                     "multi_tensor_scale\n")
+    assert "apex.amp.initialize" in rows and "amp_C.multi_tensor_scale" in rows
+    assert not any(".torch" in name for name in rows)  # apex's module-level `import torch` is not an apex API
+
+
+def _one_line_error(capsys):
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("apexlite check: ") and "Traceback" not in err
+    return err
+
+
+def test_missing_and_non_python_files(tmp_path, capsys):
     assert check.main([str(tmp_path / "missing.py")]) == 2
-    bad = tmp_path / "bad.py"
-    bad.write_text("def (:\n")
-    assert check.main([str(bad)]) == 2
-    assert "cannot read" in capsys.readouterr().err
+    assert "no such file" in _one_line_error(capsys)
+    cases = {"syntax.py": b"def (:\n", "binary.py": bytes(range(256)) * 4, "nul.py": b"import apex\x00\n",
+             "bad_coding.py": b"# coding: no-such-codec\nimport apex\n", "undecodable.py": b"x = '\xe9\xff'\n"}
+    for name, raw in cases.items():
+        path = tmp_path / name
+        path.write_bytes(raw)
+        assert check.main([str(path)]) == 3, name
+        assert "not Python source" in _one_line_error(capsys)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs and device files (POSIX)")
+def test_non_regular_files_are_refused_without_opening(tmp_path, capsys):
+    fifo = tmp_path / "pipe.py"
+    os.mkfifo(fifo)  # opening it for reading would block until a writer appears
+    link = tmp_path / "zero.py"
+    link.symlink_to("/dev/zero")  # reading it would never end
+    for path, kind in [(fifo, "a FIFO"), (link, "a character device"), (tmp_path, "a directory")]:
+        assert check.main([str(path)]) == 4
+        assert kind in _one_line_error(capsys)
+
+
+def test_oversized_file_is_refused_without_reading_it(tmp_path, capsys):
+    big = tmp_path / "big.py"
+    with open(big, "wb") as handle:
+        handle.truncate(check.MAX_SOURCE_BYTES + 1)  # sparse: nothing is written
+    assert check.main([str(big)]) == 5
+    assert "bytes" in _one_line_error(capsys)
+
+
+def test_exit_statuses_are_documented_in_help(capsys):
+    with pytest.raises(SystemExit):
+        check.main(["--help"])
+    out = capsys.readouterr().out
+    for code, meaning in check.EXIT_STATUSES:
+        assert f"  {code}  {meaning}" in out
+
+
+def test_cli_device_path_from_the_command_line_prints_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "apexlite", "check", "/dev/null"], capture_output=True,
+                            text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 4
+    assert result.stderr.strip() == "apexlite check: /dev/null is a character device, not a Python script"

@@ -81,8 +81,15 @@ def multi_tensor_unscale_l2norm(chunk_size: int, noop_flag: torch.Tensor, tensor
 
 
 _OPTIMIZER_ADVICE = "Use the optimizer class instead: apex.optimizers.{} (apexlite provides it)."
-multi_tensor_sgd = unsupported("amp_C.multi_tensor_sgd", _OPTIMIZER_ADVICE.format("FusedSGD"))
-multi_tensor_adam = unsupported("amp_C.multi_tensor_adam", _OPTIMIZER_ADVICE.format("FusedAdam"))
-multi_tensor_adagrad = unsupported("amp_C.multi_tensor_adagrad", _OPTIMIZER_ADVICE.format("FusedAdagrad"))
-multi_tensor_novograd = unsupported("amp_C.multi_tensor_novograd", _OPTIMIZER_ADVICE.format("FusedNovoGrad"))
-multi_tensor_lamb = unsupported("amp_C.multi_tensor_lamb", _OPTIMIZER_ADVICE.format("FusedLAMB"))
+_OPTIMIZER_KERNELS = {  # apex's optimizer kernels -> the class that runs the same update
+    "multi_tensor_sgd": "FusedSGD", "multi_tensor_adam": "FusedAdam", "multi_tensor_adam_capturable": "FusedAdam",
+    "multi_tensor_adam_capturable_master": "FusedAdam", "multi_tensor_adagrad": "FusedAdagrad",
+    "multi_tensor_novograd": "FusedNovoGrad", "multi_tensor_lamb": "FusedLAMB",
+    "multi_tensor_lamb_stage1_cuda": "FusedLAMB", "multi_tensor_lamb_stage2_cuda": "FusedLAMB",
+    "multi_tensor_lamb_mp": "FusedMixedPrecisionLamb",
+}
+_NORM_VARIANTS = ("multi_tensor_l2norm_mp", "multi_tensor_l2norm_scale")
+globals().update({name: unsupported(f"amp_C.{name}", _OPTIMIZER_ADVICE.format(optimizer))
+                  for name, optimizer in _OPTIMIZER_KERNELS.items()})
+globals().update({name: unsupported(f"amp_C.{name}", "Use amp_C.multi_tensor_l2norm (and amp_C.multi_tensor_scale "
+                                    "for the scaled copy).") for name in _NORM_VARIANTS})

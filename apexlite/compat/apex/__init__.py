@@ -10,8 +10,13 @@ from apexlite.compat.apex import (  # noqa: F401  (imported so `apex.<name>` wor
     RNN, amp, fp16_utils, multi_tensor_apply, normalization, optimizers,
 )
 
+__all__ = ["RNN", "amp", "fp16_utils", "multi_tensor_apply", "normalization", "optimizers",
+           "DeprecatedFeatureWarning", "deprecated_warning"]
+
 if torch.distributed.is_available():
     from apexlite.compat.apex import parallel  # noqa: F401
+
+    __all__.append("parallel")
 
 
 class DeprecatedFeatureWarning(FutureWarning):

@@ -14,7 +14,10 @@ import os
 from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CPU_SOURCES = ["csrc/torch/ops.cpp", "csrc/torch/fused_adam_cpu.cpp"]
+# Source rule (apexlite/_ext.py's JIT build uses the same): every csrc/torch/*.cpp is CPU code except the
+# CUDA bindings, named *_cuda.cpp, which join csrc/cuda/*.cu in the CUDA build. A new op needs no edit here.
+CPU_SOURCES = sorted(p for p in glob.glob("csrc/torch/*.cpp") if not p.endswith("_cuda.cpp"))
+CUDA_SOURCES = sorted(glob.glob("csrc/torch/*_cuda.cpp")) + sorted(glob.glob("csrc/cuda/*.cu"))
 # -fopenmp: at::parallel_for is header code that runs serially unless the extension itself is built with OpenMP.
 # -ffp-contract=off (and nvcc's --fmad=false): no fused multiply-adds, every float operation of adam_math.h
 # rounds as written, so the CPU kernel, the CUDA kernel and its host emulation agree bit for bit.
@@ -67,9 +70,8 @@ def _native_build():
     include_dirs = [os.path.join(ROOT, "csrc", "include"), os.path.join(ROOT, "csrc", "torch")]
     if _wants_cuda(torch.version.cuda, cpp_extension.CUDA_HOME):
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
-        sources = CPU_SOURCES + ["csrc/torch/fused_adam_cuda.cpp"] + sorted(glob.glob("csrc/cuda/*.cu"))
         ext = cpp_extension.CUDAExtension(
-            "apexlite._C", sources, include_dirs=include_dirs + _pip_cuda_includes(),
+            "apexlite._C", CPU_SOURCES + CUDA_SOURCES, include_dirs=include_dirs + _pip_cuda_includes(),
             extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS}, extra_link_args=LINK_FLAGS,
         )
     else:

@@ -106,6 +106,32 @@ def restore_value(key: str, value: torch.Tensor, param: torch.Tensor, moment_dty
     return value.detach().to(device=param.device, dtype=dtype or value.dtype, copy=True)
 
 
+def check_checkpoint_masters(saved_state: Dict, params_by_id: Dict) -> None:
+    """Rejects, before anything is loaded, checkpointed masters whose shape is not their param's."""
+    for pid, saved in saved_state.items():
+        master, param = saved.get("master_param"), params_by_id.get(pid)
+        if torch.is_tensor(master) and param is not None and master.shape != param.shape:
+            raise ValueError(
+                f"checkpoint state {pid} holds a master weight of shape {tuple(master.shape)} for a param of "
+                f"shape {tuple(param.shape)}: the checkpoint comes from another model or param-group layout."
+            )
+
+
+def hand_master_to_fp32_param(param: torch.Tensor, state: dict) -> bool:
+    """A master for a float32 param (an O2 checkpoint in an O0/O1 run): the param takes its values.
+
+    A float32 param is its own master; keeping a second one would make the step write a float32
+    "copy" the kernels do not accept. Returns whether a master was handed over.
+    """
+    master = state.get("master_param")
+    if master is None or param.dtype != torch.float32:
+        return False
+    with torch.no_grad():
+        param.copy_(master)
+    del state["master_param"]
+    return True
+
+
 def step_grad(param: torch.Tensor, state: Optional[dict]) -> Tuple[Optional[torch.Tensor], bool]:
     """The gradient a step uses for ``param``, and whether it is a master's own (unscaled) fp32 grad.
 

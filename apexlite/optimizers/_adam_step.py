@@ -1,39 +1,74 @@
 """The functional FusedAdam step: one call per (device, dtype) bucket, routed to a kernel or to torch.
 
-Routing rules (``implementation``):
+Paths (``implementation``):
 
-* ``"auto"``: the compiled kernel for the bucket's device when it exists, else the pure-torch
-  reference with a one-time warning (see :mod:`apexlite._ext`);
-* ``"kernel"``: the compiled kernel, or a ``RuntimeError`` that says how to build it;
-* ``"reference"``: always the pure-torch reference (``apexlite.optimizers._reference``).
+* ``"kernel"``: apexlite's compiled kernel for the bucket's device (``apexlite::fused_adam_``), or a
+  ``RuntimeError`` that says how to build it;
+* ``"torch"``: torch's own fused multi-tensor Adam ops (:mod:`apexlite.optimizers._torch_fused`),
+  or a ``RuntimeError`` when this torch has none for the device;
+* ``"reference"``: the pure-torch reference (:mod:`apexlite.optimizers._reference`), the test
+  oracle: readable, per tensor, and synchronising with the device;
+* ``"auto"`` (the default): the first of kernel, torch, reference that exists for the device. Only
+  the last is slow, so only it warns (once per device type); the torch path logs once at INFO.
 """
 from __future__ import annotations
 
+import functools
 from typing import List, Optional
 
 import torch
 
 from apexlite import _ext
+from apexlite._logging import get_logger
+from apexlite.optimizers import _torch_fused
 from apexlite.optimizers._reference import reference_adam_step
 
-IMPLEMENTATIONS = ("auto", "kernel", "reference")
+IMPLEMENTATIONS = ("auto", "kernel", "torch", "reference")
+STEP_FUNCTIONS = {
+    "kernel": lambda *args, **kwargs: torch.ops.apexlite.fused_adam_(*args, **kwargs),
+    "torch": _torch_fused.torch_fused_adam_step,
+    "reference": reference_adam_step,
+}
+
+_log = get_logger("optimizers")
 
 
-def uses_kernel(implementation: str, device: torch.device) -> bool:
-    """Whether a bucket on ``device`` goes to the compiled kernel under ``implementation``."""
+@functools.lru_cache(maxsize=None)
+def _note_torch_path(device_type: str) -> None:
+    if _ext.status().source != "disabled":
+        _log.info("apexlite: FusedAdam on %s uses torch's fused Adam ops (no compiled apexlite kernel: %s)",
+                  device_type, _ext.kernel_detail(device_type))
+
+
+def resolve(implementation: str, device: torch.device) -> str:
+    """The path ("kernel", "torch" or "reference") a bucket on ``device`` takes under ``implementation``."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     if implementation == "reference":
-        return False
-    if _ext.kernels_available(device.type):
-        return True
+        return "reference"
+    if implementation in ("auto", "kernel") and _ext.kernels_available(device.type):
+        return "kernel"
     if implementation == "kernel":
         raise RuntimeError(
             f"FusedAdam(implementation='kernel'): no compiled kernel for {device.type} "
-            f"({_ext.status().detail}). To fix: {_ext.BUILD_HINT}; or pass implementation='auto'."
+            f"({_ext.kernel_detail(device.type)}). To fix: {_ext.BUILD_HINT}; or pass implementation='auto'."
+        )
+    if _torch_fused.available(device.type):
+        if implementation == "auto":
+            _note_torch_path(device.type)
+        return "torch"
+    if implementation == "torch":
+        raise RuntimeError(
+            f"FusedAdam(implementation='torch'): torch {torch.__version__} has no fused Adam kernel for "
+            f"{device.type} (torch._fused_adam_ runs on CPU from torch 2.4); use implementation='auto'."
         )
     _ext.warn_fallback(device.type)
-    return False
+    return "reference"
+
+
+def uses_kernel(implementation: str, device: torch.device) -> bool:
+    """Whether a bucket on ``device`` goes to apexlite's compiled kernel under ``implementation``."""
+    return resolve(implementation, device) == "kernel"
 
 
 def fused_adam_step(
@@ -53,22 +88,22 @@ def fused_adam_step(
     adam_w_mode: bool,
     grad_scale: Optional[torch.Tensor] = None,
     found_inf: Optional[torch.Tensor] = None,
+    unscale_grads: bool = False,
     implementation: str = "auto",
-) -> bool:
+) -> str:
     """Runs one Adam/AdamW step over lists that share a device and, per list, a dtype.
 
     The arguments are those of the ``apexlite::fused_adam_`` op (documented in
     ``csrc/torch/ops.cpp`` and :func:`~apexlite.optimizers._reference.reference_adam_step`).
-    Returns True when the compiled kernel ran, False for the pure-torch path.
+    Returns the path that ran: ``"kernel"``, ``"torch"`` or ``"reference"`` (``""`` for empty lists).
     """
     if not params:
-        return False
-    kernel = uses_kernel(implementation, params[0].device)
-    step = torch.ops.apexlite.fused_adam_ if kernel else reference_adam_step
-    step(
+        return ""
+    path = resolve(implementation, params[0].device)
+    STEP_FUNCTIONS[path](
         params, grads, exp_avgs, exp_avg_sqs, state_steps, model_copies,
         lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
         bias_correction=bias_correction, adam_w_mode=adam_w_mode,
-        grad_scale=grad_scale, found_inf=found_inf,
+        grad_scale=grad_scale, found_inf=found_inf, unscale_grads=unscale_grads,
     )
-    return kernel
+    return path

@@ -37,13 +37,15 @@ def reference_adam_step(
     adam_w_mode: bool,
     grad_scale: Optional[torch.Tensor] = None,
     found_inf: Optional[torch.Tensor] = None,
+    unscale_grads: bool = False,
 ) -> None:
     """One Adam (``adam_w_mode=False``, L2) or AdamW (decoupled) step, in place.
 
     Args mirror the op: ``params`` are the tensors the math runs on (fp32 masters, or the weights
     themselves), ``model_copies`` is empty or receives the updated params rounded to its dtype,
-    ``grad_scale`` (the loss scale) divides the gradients, a nonzero ``found_inf`` leaves every
-    tensor, step counters included, untouched.
+    ``grad_scale`` (the loss scale) divides the gradients (and, with ``unscale_grads``, the unscaled
+    values are stored back into ``grads``), a nonzero ``found_inf`` leaves every tensor, step
+    counters and grads included, untouched.
 
     .. note:: Reading ``found_inf`` and ``grad_scale`` synchronises with their device. The compiled
        CUDA kernel avoids that; this path favours clarity.
@@ -61,6 +63,8 @@ def reference_adam_step(
         g = grad.float()
         if inv_scale != 1.0:
             g = g * inv_scale
+        if unscale_grads and grad_scale is not None and g is not grad:
+            grad.copy_(g)  # before weight decay joins it: what GradScaler's unscale would leave
         m = exp_avg if exp_avg.dtype == torch.float32 else exp_avg.float()
         v = exp_avg_sq if exp_avg_sq.dtype == torch.float32 else exp_avg_sq.float()
         if weight_decay != 0:

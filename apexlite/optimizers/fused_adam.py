@@ -5,12 +5,14 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Unio
 
 import torch
 
+from apexlite._logging import get_logger
 from apexlite.optimizers._base import ApexStyleOptimizer
 
 from apexlite.optimizers import _adam_state as adam_state
 from apexlite.optimizers._adam_step import IMPLEMENTATIONS, fused_adam_step
 
 _LEGACY_STEP_ARGS = ("grads", "output_params", "scale", "grad_norms")
+_log = get_logger("optimizers")
 
 
 def _check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> None:
@@ -77,10 +79,11 @@ class FusedAdam(ApexStyleOptimizer):
         master_weights (bool, default False): keep fp32 master weights for fp16/bf16 params (below).
         exp_avg_dtype (keyword, default float32): storage of both moments, float32 or bfloat16
             (halves their memory; the math stays float32).
-        implementation (keyword, default "auto"): "auto" (compiled kernel if built, else pure torch
-            with one warning), "kernel" (error if not built) or "reference" (pure torch). Params
-            whose elements do not fill one dense block (e.g. a strided view) always take the
-            pure-torch path.
+        implementation (keyword, default "auto"): "auto" (apexlite's compiled kernel if built, else
+            torch's own fused Adam ops, else the pure-torch reference with one warning), "kernel"
+            (error if not built), "torch" (torch's fused ops; error where this torch has none for
+            the device) or "reference" (pure torch, the test oracle). Params whose elements do not
+            fill one dense block (e.g. a strided view) always take the reference path.
 
     State per param: ``step`` (float32 scalar tensor), ``exp_avg``, ``exp_avg_sq`` (torch's names,
     so checkpoints load across torch, apex and apexlite; apex's per-group ``step`` is converted on
@@ -102,11 +105,14 @@ class FusedAdam(ApexStyleOptimizer):
 
     .. note:: **(c) Loss scaling.** ``step()`` reads two optional attributes, GradScaler's contract
        for optimizers with ``_step_supports_amp_scaling``: ``self.grad_scale`` (1-element float32
-       tensor holding the loss *scale*; gradients are multiplied by its reciprocal in registers and
-       left scaled in ``.grad``) and ``self.found_inf`` (1-element float32 tensor; nonzero skips the
-       whole step: params, masters, moments and ``step`` stay bit-identical). ``torch.amp.GradScaler``
+       tensor holding the loss *scale*; gradients are multiplied by its reciprocal in registers, and
+       the unscaled gradient is stored back into ``.grad``, as torch's fused Adam leaves it) and
+       ``self.found_inf`` (1-element float32 tensor; nonzero skips the whole step: params, masters,
+       moments, ``step`` and ``.grad``, still scaled, stay bit-identical). ``torch.amp.GradScaler``
        sets and deletes them around its ``scaler.step(optimizer)``; apexlite's amp sets them the same
-       way. They stay in effect until deleted.
+       way. They stay in effect until deleted. Setting ``leave_grads_scaled = True`` on the instance
+       skips the write-back (one pass less over the grads) for callers that never read ``.grad``
+       after the step; apexlite's amp O2 does so, as apex's O2 left the model's grads scaled.
 
     .. note:: **(d) amp O2.** Under ``amp.initialize(..., opt_level="O2")`` this optimizer keeps the
        model's half params in its groups and their fp32 masters in its state; the grad unscale, the
@@ -116,12 +122,19 @@ class FusedAdam(ApexStyleOptimizer):
        used in place of its param's grad and ``grad_scale`` does not apply to it: amp sets it when
        grads are clipped through ``amp.master_params`` or accumulated over several backward passes.
 
-    .. note:: **(e) Version counters.** After the fused kernel writes a param, its autograd version
-       counter is bumped (``torch.autograd.graph.increment_version``), so caches keyed on
-       ``Tensor._version`` (amp's cast cache) see the new values.
+    .. note:: **(e) Version counters.** After a fused kernel (apexlite's or torch's) writes a param,
+       its autograd version counter is bumped (``torch.autograd.graph.increment_version``), so
+       caches keyed on ``Tensor._version`` (amp's cast cache) see the new values.
+
+    .. note:: **(f) Checkpoints across opt levels.** A checkpoint with fp32 master weights (amp O2,
+       ``master_weights=True``) loaded for float32 params (an O0/O1 run, whose params are their own
+       masters) hands each master to its param: the param takes the master's values and the state
+       keeps no master, so training continues from the full-precision weights.
     """
 
     _step_supports_amp_scaling = True
+    # with grad_scale set: False stores the unscaled grads into .grad (GradScaler's contract), True skips it
+    leave_grads_scaled = False
     # under amp O2, keep the fp32 masters here and unscale in the kernel (apexlite/amp/fused_master.py)
     amp_fused_master_step = True
 
@@ -197,8 +210,10 @@ class FusedAdam(ApexStyleOptimizer):
                                "AMSGrad, load it into torch.optim.Adam(amsgrad=True) instead.")
         ids = [pid for group in state_dict["param_groups"] for pid in group["params"]]
         params = [p for group in self.param_groups for p in group["params"]]
-        super().load_state_dict(state_dict)
         by_id = dict(zip(ids, params))
+        adam_state.check_checkpoint_masters(state_dict["state"], by_id)
+        super().load_state_dict(state_dict)
+        handed_over = 0
         for pid, saved in state_dict["state"].items():
             param = by_id.get(pid)
             if param is None:
@@ -206,7 +221,12 @@ class FusedAdam(ApexStyleOptimizer):
             for key, value in saved.items():
                 if torch.is_tensor(value):
                     self.state[param][key] = adam_state.restore_value(key, value, param, self.exp_avg_dtype)
+            handed_over += adam_state.hand_master_to_fp32_param(param, self.state[param])
             adam_state.prepare_state(param, self.state[param])
+        if handed_over:
+            _log.info("FusedAdam.load_state_dict: the checkpoint holds fp32 master weights (amp O2 or "
+                      "master_weights=True) for %d float32 params (amp O0/O1); each param took its master's "
+                      "values and keeps no separate master", handed_over)
         for group in self.param_groups:
             for key, default in self.defaults.items():  # torch checkpoints lack FusedAdam's own keys
                 group.setdefault(key, default)
@@ -226,7 +246,7 @@ class FusedAdam(ApexStyleOptimizer):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for bucket in self._buckets(group).values():
-                used_kernel = fused_adam_step(
+                path = fused_adam_step(
                     bucket.params, bucket.grads, bucket.exp_avgs, bucket.exp_avg_sqs,
                     bucket.state_steps, bucket.model_copies,
                     lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
@@ -234,9 +254,10 @@ class FusedAdam(ApexStyleOptimizer):
                     adam_w_mode=group["adam_w_mode"],
                     grad_scale=None if bucket.grads_unscaled else _flag_on(grad_scale, bucket.device),
                     found_inf=_flag_on(found_inf, bucket.device),
+                    unscale_grads=not self.leave_grads_scaled,
                     implementation=self.implementation if bucket.dense else "reference",
                 )
-                if used_kernel:
+                if path != "reference":  # fused ops write through raw pointers, bypassing the counters
                     _bump_versions(bucket.written)
         return loss
 

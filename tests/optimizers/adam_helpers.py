@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from apexlite import _ext
+from apexlite.optimizers import _torch_fused
 from tests._helpers.tolerances import dtype_tols
 
 STEPS = 7  # enough steps for the bias corrections to stop dominating the update
 
-# The compiled CPU kernel and the pure-torch fallback must pass the same tests.
+# The compiled CPU kernel, torch's fused ops and the pure-torch reference must pass the same tests.
 IMPLEMENTATIONS = [
     pytest.param(
         "kernel",
@@ -23,6 +24,10 @@ IMPLEMENTATIONS = [
             not _ext.kernels_available("cpu"),
             reason="compiled CPU kernel not built (pip install --no-build-isolation -e .)",
         ),
+    ),
+    pytest.param(
+        "torch",
+        marks=pytest.mark.skipif(not _torch_fused.available("cpu"), reason="this torch has no fused Adam on CPU"),
     ),
     "reference",
 ]

@@ -27,10 +27,12 @@ def _assert_bit_identical(before, opt, params):
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-def test_grad_scale_attribute_unscales_in_register(implementation):
+@pytest.mark.parametrize("leave_grads_scaled", [False, True], ids=["grads-unscaled", "grads-left-scaled"])
+def test_grad_scale_attribute_unscales(implementation, leave_grads_scaled):
     init = [torch.randn(100), torch.randn(7, 3)]
     ours_params, ref_params = fp32_leaves(init), fp32_leaves(init)
     ours = FusedAdam(ours_params, lr=1e-2, implementation=implementation)
+    ours.leave_grads_scaled = leave_grads_scaled
     ref = torch_adam(ref_params, adam_w_mode=True, lr=1e-2)
     ours.grad_scale = torch.tensor([1024.0])
     for _ in range(STEPS):
@@ -40,7 +42,21 @@ def test_grad_scale_attribute_unscales_in_register(implementation):
         ours.step()
         ref.step()
     assert_state_matches(ours, ours_params, ref, ref_params)
-    assert_close(ours_params[0].grad, ref_params[0].grad * 1024)  # .grad itself stays scaled
+    for p, r in zip(ours_params, ref_params):  # a power-of-two scale unscales exactly
+        assert torch.equal(p.grad, r.grad * 1024 if leave_grads_scaled else r.grad)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_grads_of_master_weights_are_stored_unscaled(implementation, dtype):
+    params = leaves([torch.randn(300), torch.randn(5)], dtype)
+    opt = FusedAdam(params, lr=1e-2, master_weights=True, implementation=implementation)
+    scaled = [(torch.randn(p.shape) * 3000).to(dtype) for p in params]
+    set_grads(params, scaled)
+    opt.grad_scale = torch.tensor([3.0])  # not a power of two: the stored value is rounded once
+    opt.step()
+    for p, g in zip(params, scaled):
+        assert torch.equal(p.grad, (g.float() * (1 / 3.0)).to(dtype))
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)

@@ -4,8 +4,10 @@
 #   2. build the whole apexlite._C extension (CPU + CUDA kernels) through setup.py against a CUDA
 #      build of torch kept in a separate venv, import it, and check that its ops register and that
 #      the CUDA kernel rejects CPU tensors with apexlite's message.
-# Each part is skipped, with a message, when its tools are missing. Tunables (environment):
-#   APEXLITE_CUDA_VENV  venv holding the CUDA torch      (default /tmp/cuvenv)
+# Each part is skipped, with a message, when its tools are missing. The venv's interpreter is only run
+# from a directory this user owns and nobody else can write to (never a fixed path in a shared temp
+# directory, where another user could plant an interpreter first). Tunables (environment):
+#   APEXLITE_CUDA_VENV  venv holding the CUDA torch      (default ${XDG_CACHE_HOME:-~/.cache}/apexlite/cuda-venv)
 #   APEXLITE_CUDA_TORCH torch requirement for that venv  (default torch==2.14.1, from local wheels)
 #   TORCH_CUDA_ARCH_LIST (default 9.0), MAX_JOBS (default 2)
 set -euo pipefail
@@ -14,7 +16,7 @@ ROOT=$PWD
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export MAX_JOBS=${MAX_JOBS:-2}
-VENV=${APEXLITE_CUDA_VENV:-/tmp/cuvenv}
+VENV=${APEXLITE_CUDA_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/apexlite/cuda-venv}
 CUDA_TORCH=${APEXLITE_CUDA_TORCH:-torch==2.14.1}
 NVCC=$(command -v nvcc || true)
 [ -z "$NVCC" ] && [ -x "$CUDA_HOME/bin/nvcc" ] && NVCC=$CUDA_HOME/bin/nvcc
@@ -22,15 +24,35 @@ if [ -z "$NVCC" ]; then
     echo "check_cuda_build: nvcc not found (PATH, \$CUDA_HOME/bin); skipping the CUDA checks."
     exit 0
 fi
-WORK=$(mktemp -d /tmp/apexlite-cuda-check.XXXXXX)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/apexlite-cuda-check.XXXXXX")  # private (0700), random name
 trap 'rm -rf "$WORK"' EXIT
 ARCH=sm_$(echo "${TORCH_CUDA_ARCH_LIST%%[ ;]*}" | tr -d '.')
 
 echo "check_cuda_build: nvcc -c ($("$NVCC" --version | tail -1), $ARCH)"
 for cu in csrc/cuda/*.cu; do
-    "$NVCC" -c -std=c++17 -O3 -arch="$ARCH" -Icsrc/include -Icsrc/cuda "$cu" -o "$WORK/$(basename "$cu").o"
+    "$NVCC" -c -std=c++17 -O3 --fmad=false -arch="$ARCH" -Icsrc/include -Icsrc/cuda "$cu" -o "$WORK/$(basename "$cu").o"
     echo "  ok  $cu"
 done
+
+# Refuses a venv (or a parent folder) that another user owns or that others may write to.
+private_dir() {
+    local dir=$1
+    while [ "$dir" != "/" ] && [ -n "$dir" ]; do
+        if [ -e "$dir" ]; then
+            if [ "$(stat -c %u "$dir")" != "$(id -u)" ] && [ "$(stat -c %u "$dir")" != 0 ]; then
+                echo "check_cuda_build: $dir belongs to another user; set APEXLITE_CUDA_VENV to a folder you own." >&2
+                return 1
+            fi
+            if [ $(( 0$(stat -c %a "$dir") & 022 )) -ne 0 ] && [ ! -k "$dir" ] ; then
+                echo "check_cuda_build: $dir is writable by other users; set APEXLITE_CUDA_VENV to a private folder." >&2
+                return 1
+            fi
+        fi
+        dir=$(dirname "$dir")
+    done
+}
+mkdir -p -m 700 "$(dirname "$VENV")"
+private_dir "$VENV" || exit 1
 
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -W ignore -c "import torch" 2>/dev/null; then
     echo "check_cuda_build: creating $VENV with $CUDA_TORCH (from the local wheel store, several minutes once)"

@@ -7,12 +7,14 @@ optimizer that keeps the masters and unscales in its own step, see fused_master.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from apexlite._logging import get_logger
+from apexlite.amp.checkpoint_convert import copy_masters_into_params, take_masters_for_params
 from apexlite.amp.errors import AmpUsageError, AmpStateError
+from apexlite.amp.patcher import Patcher
 from apexlite.amp.scaler import LossScaler
 
 log = get_logger("amp")
@@ -33,10 +35,23 @@ class PlainGrads:
     are stashed (already unscaled), the new grads are unscaled and checked, then the stash is added back.
     """
 
-    def __init__(self, optimizer: Any, params_fn: Optional[Callable[[], List[torch.Tensor]]] = None) -> None:
+    def __init__(self, optimizer: Any, params_fn: Optional[Callable[[], List[torch.Tensor]]] = None,
+                 models_fn: Callable[[], List[torch.nn.Module]] = list) -> None:
         self.optimizer = optimizer
         self._params_fn = params_fn
+        self._models_fn = models_fn
         self._stash: List[Tuple[torch.Tensor, torch.Tensor]] = []
+
+    def install(self, patcher: Patcher) -> None:
+        """Let the optimizer load O2 checkpoints (masters become the params' values)."""
+        self._load_state_dict = patcher.set_attribute(self.optimizer, "load_state_dict", self.load_state_dict)
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """The optimizer's own load; an O2 checkpoint's fp32 masters are copied into the params."""
+        state_dict = dict(state_dict)
+        pairs = take_masters_for_params(state_dict, optimizer_params(self.optimizer), self._models_fn())
+        self._load_state_dict(state_dict)
+        copy_masters_into_params(pairs, self.optimizer)
 
     def params(self) -> List[torch.Tensor]:
         """The params whose grads this strategy manages (all of the optimizer's by default)."""

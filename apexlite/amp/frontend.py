@@ -22,7 +22,9 @@ from apexlite.amp.opt_levels import (
 )
 from apexlite.amp.registry import PendingRegistrations
 from apexlite.amp.scaler import parse_scaler_state
-from apexlite.amp.session import DEFAULT_MAX_NONFINITE_LOSSES, AmpSession, SessionOptions, current_session, log
+from apexlite.amp.session import (
+    DEFAULT_MAX_NONFINITE_LOSSES, AmpSession, ForwardScopeEnd, ForwardScopeStart, SessionOptions, current_session, log,
+)
 from apexlite.amp.transaction import InitializeTransaction
 
 OPT_LEVEL_ENV = "APEXLITE_OPT_LEVEL"
@@ -162,7 +164,7 @@ def _register(session: AmpSession, transaction: InitializeTransaction, model_lis
             install_io_casts(model, session.patcher, None, cast_model_outputs)
     session.models.extend(model for model in model_list if all(model is not m for m in session.models))
     for optimizer in optimizer_list:
-        grads = _grad_strategy(optimizer, properties.master_weights, fp32_sources)
+        grads = _grad_strategy(session, optimizer, properties.master_weights, fp32_sources)
         amp_optimizer = AmpOptimizer(optimizer, session, grads)
         session.optimizers[id(optimizer)] = amp_optimizer
         amp_optimizer.install()
@@ -176,7 +178,7 @@ def _install_forward_scopes(session: AmpSession) -> None:
         return
     for model in session.models:
         if id(model) not in session.scoped_models:
-            install_forward_scope(model, session.patcher, session.enter_forward, session.exit_forward)
+            install_forward_scope(model, session.patcher, ForwardScopeStart(), ForwardScopeEnd())
             session.scoped_models.append(id(model))
 
 
@@ -186,10 +188,11 @@ def _o1_handle(session: AmpSession) -> Any:
     return session.handle if isinstance(session.handle, AmpHandle) else AmpHandle(session)
 
 
-def _grad_strategy(optimizer: Any, master_weights: bool, fp32_sources: Dict[torch.Tensor, torch.Tensor]) -> Any:
+def _grad_strategy(session: AmpSession, optimizer: Any, master_weights: bool,
+                   fp32_sources: Dict[torch.Tensor, torch.Tensor]) -> Any:
     """How this optimizer's grads are handled: plain, separate fp32 masters, or masters inside a fused step."""
     if not master_weights:
-        return PlainGrads(optimizer)
+        return PlainGrads(optimizer, models_fn=lambda: session.models)
     if supports_fused_master_step(optimizer):
         return FusedMasterGrads(optimizer, fp32_sources)
     return MasterParams(optimizer, fp32_sources)

@@ -23,9 +23,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from apexlite.amp.amp_optimizer import PlainGrads, optimizer_params
+from apexlite.amp.checkpoint_convert import check_state_shapes
 from apexlite.amp.checks import sparse_grad_error
-from apexlite.amp.errors import AmpUsageError
-from apexlite.amp.master import LOW_PRECISION, MASTERS_KEY
+from apexlite.amp.master import LOW_PRECISION, MASTERS_KEY, check_saved_masters
 from apexlite.amp.patcher import Patcher
 from apexlite.amp.scaler import LossScaler
 
@@ -188,15 +188,13 @@ class FusedMasterGrads:
         """Also accepts checkpoints written by the separate-masters O2 path (masters under MASTERS_KEY)."""
         state_dict = dict(state_dict)
         saved = state_dict.pop(MASTERS_KEY, None)
+        halves = self._half_params()
+        check_state_shapes(self.optimizer, state_dict)  # before anything is loaded
+        if saved is not None:
+            check_saved_masters(saved, halves)
         self._load_state_dict(state_dict)
         if saved is None:
             return
-        halves = self._half_params()
-        if len(saved) != len(halves):
-            raise AmpUsageError(
-                f"optimizer checkpoint holds {len(saved)} fp32 master weights but this O2 optimizer has "
-                f"{len(halves)} fp16/bf16 params: it was saved from a different model or param-group layout."
-            )
         with torch.no_grad():
             for param, master in zip(halves, saved):
                 self._master(param).copy_(master)

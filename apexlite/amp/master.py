@@ -19,13 +19,31 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from apexlite.amp.amp_optimizer import PlainGrads, optimizer_params
+from apexlite.amp.checkpoint_convert import MASTERS_KEY
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.errors import AmpUsageError
 from apexlite.amp.patcher import Patcher
 from apexlite.amp.scaler import LossScaler
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
-MASTERS_KEY = "apexlite_master_params"
+
+
+def check_saved_masters(saved: Any, targets: List[torch.Tensor]) -> None:
+    """Checkpointed fp32 masters must match the live ones in count and shapes (checked before loading)."""
+    if not isinstance(saved, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in saved):
+        raise AmpUsageError(f"optimizer checkpoint entry {MASTERS_KEY!r} must be a list of tensors; "
+                            f"got {type(saved).__name__}.")
+    if len(saved) != len(targets):
+        raise AmpUsageError(
+            f"optimizer checkpoint holds {len(saved)} fp32 master weights but this O2 optimizer has "
+            f"{len(targets)}: it was saved from a different model or param-group layout."
+        )
+    for index, (tensor, target) in enumerate(zip(saved, targets)):
+        if tensor.shape != target.shape:
+            raise AmpUsageError(
+                f"optimizer checkpoint master {index} has shape {tuple(tensor.shape)} but this O2 optimizer's "
+                f"has {tuple(target.shape)}: it was saved from a different model."
+            )
 
 
 class MasterParams:
@@ -148,6 +166,14 @@ class MasterParams:
         elif isinstance(params, set):
             raise TypeError("optimizer parameters must be an ordered collection (a list), not a set.")
         group = dict(param_group, params=list(params))
+        present = {id(p) for p in optimizer_params(self.optimizer)} | {id(p) for p in self.model_params}
+        if len({id(p) for p in group["params"]}) != len(group["params"]) or any(
+                id(p) in present for p in group["params"]):
+            raise ValueError(
+                "some parameters appear in more than one parameter group (a param given to add_param_group "
+                "is already in this optimizer, or twice in the new group); under O2 each copy would get its "
+                "own fp32 master and be trained twice."
+            )
         self._replace_in_group(group)
         self._add_param_group(group)
 
@@ -157,30 +183,42 @@ class MasterParams:
         return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Validate the whole checkpoint first, then load: a rejected one leaves live state untouched."""
         state_dict = dict(state_dict)
         saved = state_dict.pop(MASTERS_KEY, None)
-        self._load_state_dict(state_dict)
         if saved is None:
-            saved = self._take_optimizer_owned_masters()
+            saved = self._take_optimizer_owned_masters(state_dict)
+        if saved is not None:
+            check_saved_masters(saved, self.masters)
+        self._load_state_dict(state_dict)
         if saved is None:
             # A checkpoint without masters (e.g. written by apex): rebuild them from the model weights.
             with torch.no_grad():
                 torch._foreach_copy_(self.masters, [p.float() for p in self.model_params])
             return
-        if len(saved) != len(self.masters):
-            raise AmpUsageError(
-                f"optimizer checkpoint holds {len(saved)} fp32 master weights but this O2 optimizer has "
-                f"{len(self.masters)}: it was saved from a different model or param-group layout."
-            )
         with torch.no_grad():
             torch._foreach_copy_(self.masters, [t.to(m.device) for t, m in zip(saved, self.masters)])
         self.copy_masters_to_model()
 
-    def _take_optimizer_owned_masters(self) -> Optional[List[torch.Tensor]]:
-        """Masters from a checkpoint of an optimizer that kept them in its state (FusedAdam's fused O2)."""
-        owned = [self.optimizer.state.get(master, {}).pop("master_param", None) for master in self.masters]
-        if not self.masters or any(master is None for master in owned):
+    def _take_optimizer_owned_masters(self, state_dict: Dict[str, Any]) -> Optional[List[torch.Tensor]]:
+        """Masters from a checkpoint of an optimizer that kept them in its per-param state (FusedAdam's
+        fused O2), taken out of `state_dict` (copied where changed) before the optimizer loads it."""
+        ids = [pid for group in state_dict.get("param_groups", []) for pid in group.get("params", [])]
+        position = {id(param): index for index, param in enumerate(optimizer_params(self.optimizer))}
+        saved_state = dict(state_dict.get("state", {}))
+        owned = []
+        for master in self.masters:
+            index = position.get(id(master))
+            pid = ids[index] if index is not None and index < len(ids) else None
+            entry = saved_state.get(pid)
+            if not isinstance(entry, dict) or "master_param" not in entry:
+                return None
+            entry = dict(entry)
+            owned.append(entry.pop("master_param"))
+            saved_state[pid] = entry
+        if not owned:
             return None
+        state_dict["state"] = saved_state
         return owned
 
     def detach(self) -> None:

@@ -77,6 +77,25 @@ class _ForwardDepth(threading.local):
     depth = 0
 
 
+class ForwardScopeStart:
+    """Forward pre-hook of registered O1 models. Stateless (it finds the current session when called),
+    so models stay deep-copyable and picklable; on a copy it is harmless and correct."""
+
+    def __call__(self, module: Any, args: Any) -> None:
+        session = _Process.session
+        if session is not None:
+            session.enter_forward()
+
+
+class ForwardScopeEnd:
+    """Forward hook pairing ForwardScopeStart (runs even when the forward raises, on torch >= 2.0)."""
+
+    def __call__(self, module: Any, args: Any, output: Any) -> None:
+        session = _Process.session
+        if session is not None:
+            session.exit_forward()
+
+
 class AmpSession:
     """Owns the patchers, cast cache, loss scalers, per-optimizer state and run statistics."""
 
@@ -160,13 +179,13 @@ class AmpSession:
         self.stats.record_casts(self.cache)
         self.cache.clear()
 
-    def enter_forward(self, module: Any, args: Any) -> None:
-        """Forward pre-hook of registered models: count this thread's forward nesting."""
+    def enter_forward(self) -> None:
+        """A registered model's forward starts: count this thread's forward nesting."""
         self.forward_depth.depth += 1
 
-    def exit_forward(self, module: Any, args: Any, output: Any) -> None:
-        """Forward hook: when the outermost forward returns, its casts may be stale by the next one
-        (a `p.data.copy_` between forwards changes no version counter), so they are dropped."""
+    def exit_forward(self) -> None:
+        """When the outermost forward returns, its casts may be stale by the next one (a
+        `p.data.copy_` between forwards changes no version counter), so they are dropped."""
         depth = self.forward_depth.depth - 1
         self.forward_depth.depth = max(depth, 0)
         if depth <= 0:

@@ -21,3 +21,9 @@ def snapshot_patch_targets() -> Dict[str, Any]:
     for namespace, name in pairs:
         snapshot[f"{namespace}.{name}"] = _own_attribute(resolve(namespace), name)
     return snapshot
+
+
+def unchanged_since(before: Dict[str, Any]) -> bool:
+    """True when every patch target still holds the very object it held in `before` (compared with `is`)."""
+    after = snapshot_patch_targets()
+    return after.keys() == before.keys() and all(after[key] is value for key, value in before.items())

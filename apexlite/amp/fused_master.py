@@ -30,6 +30,9 @@ from apexlite.amp.patcher import Patcher
 from apexlite.amp.scaler import LossScaler
 
 
+_ABSENT = object()
+
+
 def supports_fused_master_step(optimizer: Any) -> bool:
     """True when the optimizer can own fp32 masters and unscale half grads inside its step."""
     return bool(getattr(optimizer, "amp_fused_master_step", False)) and hasattr(
@@ -49,6 +52,7 @@ class FusedMasterGrads:
         self._fp32_mode = False
         self._stash: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._set_grad_scale = False
+        self._own_leave_flag: Any = _ABSENT
 
     def _half_params(self) -> List[torch.Tensor]:
         return [p for p in optimizer_params(self.optimizer) if p.dtype in LOW_PRECISION]
@@ -142,6 +146,9 @@ class FusedMasterGrads:
     def before_step(self) -> None:
         if not self._fp32_mode and self._grads_scale != 1.0:
             self.optimizer.grad_scale = self._grads_scale
+            # the model's half grads stay scaled, as apex left them: no extra write pass in the kernel
+            self._own_leave_flag = vars(self.optimizer).get("leave_grads_scaled", _ABSENT)
+            self.optimizer.leave_grads_scaled = True
             self._set_grad_scale = True
 
     def after_step(self) -> None:
@@ -151,6 +158,10 @@ class FusedMasterGrads:
         """Remove the step's inputs whether the step ran, raised or was skipped."""
         if self._set_grad_scale:
             del self.optimizer.grad_scale
+            if self._own_leave_flag is _ABSENT:
+                del self.optimizer.leave_grads_scaled
+            else:
+                self.optimizer.leave_grads_scaled = self._own_leave_flag
             self._set_grad_scale = False
         self._leave_fp32_mode()
 

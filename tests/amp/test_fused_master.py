@@ -257,3 +257,21 @@ def test_half_param_group_added_after_initialize_gets_a_master_and_trains():
         master = opt.state[param]["master_param"]
         assert master.dtype is torch.float32 and not torch.equal(master, before)
         assert torch.equal(param, master.half())
+
+
+def test_fused_o2_step_leaves_the_model_grads_scaled_as_apex_did():
+    """No extra write pass: the kernel unscales in registers; `.grad` keeps the scaled fp16 values."""
+    torch.manual_seed(0)
+    model = mlp()
+    opt = FusedAdam(model.parameters(), lr=1e-2)
+    model, opt = amp.initialize(model, opt, opt_level="O2", loss_scale=128.0, verbosity=0)
+    try:
+        with amp.scale_loss(model(torch.randn(8, 4).half()).float().pow(2).mean(), opt) as scaled:
+            scaled.backward()
+        halves = [p for p in model.parameters() if p.dtype is torch.float16]
+        before = [p.grad.clone() for p in halves]
+        opt.step()
+        assert all(torch.equal(p.grad, g) for p, g in zip(halves, before))
+        assert "leave_grads_scaled" not in vars(opt) and "grad_scale" not in vars(opt)
+    finally:
+        amp.deinitialize()

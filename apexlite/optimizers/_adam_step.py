@@ -90,20 +90,23 @@ def fused_adam_step(
     found_inf: Optional[torch.Tensor] = None,
     unscale_grads: bool = False,
     implementation: str = "auto",
+    workspace: Optional[_torch_fused.Workspace] = None,
 ) -> str:
     """Runs one Adam/AdamW step over lists that share a device and, per list, a dtype.
 
     The arguments are those of the ``apexlite::fused_adam_`` op (documented in
     ``csrc/torch/ops.cpp`` and :func:`~apexlite.optimizers._reference.reference_adam_step`).
-    Returns the path that ran: ``"kernel"``, ``"torch"`` or ``"reference"`` (``""`` for empty lists).
+    ``workspace`` keeps the torch path's scratch memory between calls. Returns the path that ran:
+    ``"kernel"``, ``"torch"`` or ``"reference"`` (``""`` for empty lists).
     """
     if not params:
         return ""
     path = resolve(implementation, params[0].device)
+    extra = dict(workspace=workspace) if path == "torch" else {}
     STEP_FUNCTIONS[path](
         params, grads, exp_avgs, exp_avg_sqs, state_steps, model_copies,
         lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
         bias_correction=bias_correction, adam_w_mode=adam_w_mode,
-        grad_scale=grad_scale, found_inf=found_inf, unscale_grads=unscale_grads,
+        grad_scale=grad_scale, found_inf=found_inf, unscale_grads=unscale_grads, **extra,
     )
     return path

@@ -2,33 +2,38 @@
 
 NOTE [torch fused path]
 - ``torch._fused_adam_`` / ``torch._fused_adamw_`` take lists that share one dtype. Every call here
-  runs them in float32: float32 lists go in as they are; fp16/bf16 lists (half grads, half params
-  without masters, bf16 moments) are widened into float32 scratch tensors with one foreach copy per
-  list, and the lists the step updates are narrowed back with one foreach copy each. O2 masters
-  (``model_copies``) are the chain torch users write by hand: widen the half grads, update the fp32
-  masters, copy them to the half weights; here it is one call per (device, dtypes) bucket.
+  runs them in float32. When every list is float32 (and the grads may be written), one op call does
+  the whole bucket. Otherwise (half grads, half params without masters, bf16 moments, or float32
+  grads that must stay as they are) the elements are taken in slices of at most SLICE_ELEMENTS: the
+  slice's non-float32 lists are widened into a float32 :class:`Workspace` (one foreach copy per
+  list), updated by one op call, and narrowed back (one foreach copy per updated list), and O2 half
+  weights (``model_copies``) receive their fp32 masters. That is the upcast + fused + copy chain torch
+  users write by hand, with scratch memory bounded by the slice instead of a full fp32 grad copy,
+  and reused between steps (a fresh allocation per step costs the CPU a page fault per page).
 - Nothing waits for the device: ``grad_scale`` and ``found_inf`` stay tensors on the device, the
   step counters are advanced before the op (it reads the new count) and ``found_inf`` is subtracted
   afterwards, as torch.optim.Adam(fused=True) does. torch's op skips its work only when found_inf is
   exactly 1, so any nonzero flag is first turned into 1 on the device.
 - With a ``grad_scale`` torch's op writes grad / grad_scale back into the grads it is given. The
-  caller's grads receive them only with ``unscale_grads`` (GradScaler's contract); otherwise float32
-  grads are passed as scratch copies. On a skipped step the widened copies are unchanged, so
-  narrowing them back rewrites every tensor with its own bits; only an O2 half weight is rewritten
-  from its (unchanged) master, which FusedAdam keeps equal to the weight rounded.
+  caller's grads receive them only with ``unscale_grads`` (GradScaler's contract); otherwise they
+  are read through the workspace. On a skipped step the widened copies are unchanged, so narrowing
+  them back rewrites every tensor with its own bits; only an O2 half weight is rewritten from its
+  (unchanged) master, which FusedAdam keeps equal to the weight rounded.
 - ``bias_correction=False``: torch's op always corrects; it gets counters holding +inf, for which
   1 - beta**inf is exactly 1.
-- Numerics: torch's kernel evaluates the same formula in a different order (e.g. its CPU kernel
-  divides ``step_size * exp_avg`` by the denominator, its CUDA kernel uses ``beta1 * m + (1 - beta1) *
-  g``), so results agree with apexlite's kernels and reference to float32 rounding, not bit for bit.
+- Numerics: torch's kernels evaluate the same formula in another order (e.g. its CPU kernel divides
+  ``step_size * exp_avg`` by the denominator, its CUDA kernel uses ``beta1 * m + (1 - beta1) * g``
+  and divides the grads by the scale), so results agree with apexlite's kernels and reference to
+  float32 rounding, not bit for bit.
 """
 from __future__ import annotations
 
 import functools
-from typing import List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+SLICE_ELEMENTS = 1 << 20  # elements per slice: 4 MiB of float32 scratch per widened list
 OP_NAMES = ("_fused_adam_", "_fused_adamw_")
 
 
@@ -56,13 +61,40 @@ def _copy(targets: List[torch.Tensor], sources: List[torch.Tensor]) -> None:
         target.copy_(source)
 
 
-def _float32(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
-    """``tensors`` themselves when float32, else float32 copies with the same layout."""
-    if not tensors or tensors[0].dtype == torch.float32:
-        return tensors
-    widened = [torch.empty_like(t, dtype=torch.float32) for t in tensors]
-    _copy(widened, tensors)
-    return widened
+class Workspace:
+    """Float32 scratch for the widened lists of one slice, kept between steps (per device and list)."""
+
+    def __init__(self) -> None:
+        self._buffers: Dict[Tuple[torch.device, int], torch.Tensor] = {}
+
+    def pieces(self, device: torch.device, slot: int, sizes: Sequence[int]) -> List[torch.Tensor]:
+        """Float32 views of the given sizes, laid end to end in the buffer of ``slot``."""
+        total = sum(sizes)
+        buffer = self._buffers.get((device, slot))
+        if buffer is None or buffer.numel() < total:
+            buffer = self._buffers[(device, slot)] = torch.empty(total, dtype=torch.float32, device=device)
+        return list(buffer[:total].split(list(sizes)))
+
+
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    """The elements of a dense tensor in memory order (lists of one call share their strides)."""
+    return tensor.reshape(-1) if tensor.is_contiguous() else tensor.as_strided((tensor.numel(),), (1,))
+
+
+def _slices(numels: Sequence[int], limit: int) -> List[List[Tuple[int, int, int]]]:
+    """(tensor index, start, end) pieces grouped into slices of at most ``limit`` elements."""
+    slices, current, room = [], [], limit
+    for index, numel in enumerate(numels):
+        start = 0
+        while start < numel:
+            end = start + min(numel - start, room)
+            current.append((index, start, end))
+            room -= end - start
+            start = end
+            if room == 0:
+                slices.append(current)
+                current, room = [], limit
+    return slices + ([current] if current else [])
 
 
 def torch_fused_adam_step(
@@ -83,28 +115,60 @@ def torch_fused_adam_step(
     grad_scale: Optional[torch.Tensor] = None,
     found_inf: Optional[torch.Tensor] = None,
     unscale_grads: bool = False,
+    workspace: Optional[Workspace] = None,
 ) -> None:
-    """The ``apexlite::fused_adam_`` contract on torch's fused ops (see NOTE [torch fused path])."""
+    """The ``apexlite::fused_adam_`` contract on torch's fused ops (see NOTE [torch fused path]).
+
+    ``workspace`` keeps the scratch memory for the next call (FusedAdam passes its own); without
+    one the scratch is allocated for this call only.
+    """
     if not params:
         return
+    device = params[0].device
     if found_inf is not None:
         found_inf = (found_inf != 0).to(torch.float32).reshape(())
-    work = [_float32(params), _float32(grads), _float32(exp_avgs), _float32(exp_avg_sqs)]
-    if grad_scale is not None and not unscale_grads and work[1] is grads:
-        work[1] = [g.clone() for g in grads]  # torch's op writes the unscaled grads into what it gets
+    # AdamW with no decay is Adam; torch's Adam kernel skips the decay multiply altogether
+    op = torch._fused_adamw_ if adam_w_mode and weight_decay != 0 else torch._fused_adam_
+    hyper = dict(lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False,
+                 grad_scale=grad_scale, found_inf=found_inf)
     torch._foreach_add_(state_steps, 1.0)
     steps = state_steps
     if not bias_correction:
-        steps = [torch.full((), float("inf"), device=params[0].device)] * len(params)
-    op = torch._fused_adamw_ if adam_w_mode else torch._fused_adam_
-    op(*work, [], steps, lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False,
-       maximize=False, grad_scale=grad_scale, found_inf=found_inf)
+        steps = [torch.full((), float("inf"), device=device)] * len(params)
+    lists = (params, grads, exp_avgs, exp_avg_sqs)
+    scratch = [lst[0].dtype != torch.float32 for lst in lists]
+    scratch[1] = scratch[1] or (grad_scale is not None and not unscale_grads)  # the caller's grads stay as they are
+    if not any(scratch):
+        op(*lists, [], steps, **hyper)
+        if model_copies:
+            _copy(model_copies, params)
+    else:
+        _sliced_step(op, hyper, lists, scratch, steps, model_copies, workspace or Workspace(),
+                     write_grads=grad_scale is not None and unscale_grads)
     if found_inf is not None:
         torch._foreach_sub_(state_steps, [found_inf] * len(state_steps))
-    for stored, updated in zip((params, exp_avgs, exp_avg_sqs), (work[0], work[2], work[3])):
-        if updated is not stored:
-            _copy(stored, updated)
-    if model_copies:
-        _copy(model_copies, work[0])
-    if grad_scale is not None and unscale_grads and work[1] is not grads:
-        _copy(grads, work[1])
+
+
+def _sliced_step(op, hyper: dict, lists, scratch: List[bool], steps: List[torch.Tensor],
+                 model_copies: List[torch.Tensor], workspace: Workspace, write_grads: bool) -> None:
+    """The step slice by slice, with the lists marked in ``scratch`` widened into ``workspace``."""
+    flat_lists = [[_flat(t) for t in lst] for lst in lists]
+    flat_copies = [_flat(t) for t in model_copies]
+    device = lists[0][0].device
+    for pieces in _slices([t.numel() for t in lists[0]], SLICE_ELEMENTS):
+        views = [[flat[i][start:end] for i, start, end in pieces] for flat in flat_lists]
+        work = []
+        for slot, (piece_views, widen) in enumerate(zip(views, scratch)):
+            if widen:
+                widened = workspace.pieces(device, slot, [view.numel() for view in piece_views])
+                _copy(widened, piece_views)
+                piece_views = widened
+            work.append(piece_views)
+        op(*work, [], [steps[i] for i, _, _ in pieces], **hyper)
+        for slot in (0, 2, 3):
+            if scratch[slot]:
+                _copy(views[slot], work[slot])
+        if scratch[1] and write_grads:
+            _copy(views[1], work[1])
+        if flat_copies:
+            _copy([flat_copies[i][start:end] for i, start, end in pieces], work[0])

@@ -10,6 +10,7 @@ from apexlite.optimizers._base import ApexStyleOptimizer
 
 from apexlite.optimizers import _adam_state as adam_state
 from apexlite.optimizers._adam_step import IMPLEMENTATIONS, fused_adam_step
+from apexlite.optimizers._torch_fused import Workspace
 
 _LEGACY_STEP_ARGS = ("grads", "output_params", "scale", "grad_norms")
 _log = get_logger("optimizers")
@@ -170,6 +171,7 @@ class FusedAdam(ApexStyleOptimizer):
         self.master_weights = master_weights
         self.exp_avg_dtype = exp_avg_dtype
         self.implementation = implementation
+        self._workspace = Workspace()  # scratch of the torch fused path, reused between steps
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         """Adds a group (torch semantics); its hyper-parameters are validated like the constructor's."""
@@ -256,6 +258,7 @@ class FusedAdam(ApexStyleOptimizer):
                     found_inf=_flag_on(found_inf, bucket.device),
                     unscale_grads=not self.leave_grads_scaled,
                     implementation=self.implementation if bucket.dense else "reference",
+                    workspace=self._workspace,
                 )
                 if path != "reference":  # fused ops write through raw pointers, bypassing the counters
                     _bump_versions(bucket.written)

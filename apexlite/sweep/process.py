@@ -16,7 +16,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from apexlite.amp.frontend import DTYPE_ENV, OPT_LEVEL_ENV
-from apexlite.amp.telemetry import MAX_STEPS_ENV, TELEMETRY_ENV, WARMUP_ENV
+from apexlite.amp.telemetry import DEFAULT_WARMUP_STEPS, MAX_STEPS_ENV, TELEMETRY_ENV, WARMUP_ENV
 
 TERMINATE_GRACE_S = 3.0  # between SIGTERM (the child writes its telemetry) and SIGKILL
 TRACEBACK_HEADER = "Traceback (most recent call last):"
@@ -70,7 +70,7 @@ def _child_environment(level: str, dtype: str, telemetry: str, max_steps: Option
 
 
 def run_one(script: str, script_args: List[str], level: str, dtype: str, timeout: float,
-            max_steps: Optional[int] = None, warmup: int = 3) -> Dict[str, Any]:
+            max_steps: Optional[int] = None, warmup: int = DEFAULT_WARMUP_STEPS) -> Dict[str, Any]:
     """Run one combination; returns its record: status ok / failed / timeout, error, telemetry fields."""
     record: Dict[str, Any] = {"opt_level": level, "dtype": dtype, "status": "ok", "error": None,
                               "exit_code": None, "telemetry": None}

@@ -1,8 +1,9 @@
 """`python -m apexlite doctor`: what this installation runs FusedAdam with, and why.
 
 Reports the torch and CUDA versions, whether a GPU is visible and if its bfloat16 is native or
-emulated, and which FusedAdam path each device type gets (compiled kernel, JIT build or the
-pure-torch fallback), with the reason when it is the fallback.
+emulated, and which FusedAdam path each device type gets (apexlite's compiled kernel, installed or
+JIT-built; torch's fused Adam ops; or the pure-torch reference), with the reason when it is not the
+compiled kernel. Running it loads the kernels (and JIT-builds them where needed, once).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from apexlite import _ext
+from apexlite.optimizers import _torch_fused
 
 
 def _bf16_support() -> str:
@@ -28,16 +30,36 @@ def _bf16_support() -> str:
     return "native" if native else ("emulated" if torch.cuda.is_bf16_supported() else "unsupported")
 
 
+KERNEL_ORIGINS = {"installed": "apexlite's compiled kernel (apexlite._C)",
+                  "jit": "apexlite's compiled kernel (JIT build, cached)"}
+
+
+def _fallback(device_type: str, why: str) -> str:
+    if _torch_fused.available(device_type):
+        return f"torch's fused Adam ops (no apexlite kernel: {why})"
+    return f"pure-torch reference, slow (no apexlite kernel: {why}; no fused Adam in torch {torch.__version__})"
+
+
+def _cuda_path(found: _ext.ExtensionStatus) -> str:
+    if not torch.cuda.is_available():
+        if not torch.version.cuda:
+            return "n/a (this torch is a CPU-only build)"
+        if found.source == "disabled":
+            return f"n/a here (no GPU visible); on a GPU: torch's fused Adam ops ({found.detail})"
+        if found.cuda:
+            return "n/a here (no GPU visible); on a GPU: apexlite's compiled kernel (apexlite._C)"
+        return ("n/a here (no GPU visible); on a GPU: apexlite's CUDA kernel JIT-built on first use when a "
+                "CUDA toolkit is found, else torch's fused Adam ops")
+    cuda = _ext.cuda_status()
+    return KERNEL_ORIGINS[cuda.source] if cuda.cuda else _fallback("cuda", cuda.detail)
+
+
 def _fused_adam_paths(found: _ext.ExtensionStatus) -> List[Tuple[str, str]]:
-    kernels = {"installed": "compiled kernel (apexlite._C)", "jit": "compiled kernel (JIT build, cached)"}
-    cpu = kernels.get(found.source, "pure-torch fallback")
-    if found.source == "disabled":
-        cuda = "pure-torch fallback"
-    elif found.cuda:
-        cuda = "compiled CUDA kernel (apexlite._C)"
-    else:
-        cuda = "pure-torch fallback (apexlite._C was built without CUDA)"
-    return [("FusedAdam on CPU", cpu), ("FusedAdam on CUDA", cuda), ("kernel detail", found.detail)]
+    cpu = KERNEL_ORIGINS[found.source] if found.cpu else _fallback("cpu", found.detail)
+    rows = [("FusedAdam on CPU", cpu), ("FusedAdam on CUDA", _cuda_path(found)), ("kernel detail", found.detail)]
+    if torch.cuda.is_available():
+        rows.append(("CUDA kernel detail", _ext.cuda_status().detail))
+    return rows
 
 
 def report() -> List[Tuple[str, str]]:

@@ -71,13 +71,21 @@ class _InterpreterState:
 
     def __init__(self) -> None:
         self.argv, self.path, self.meta_path = sys.argv, sys.path, sys.meta_path
-        self.argv_items, self.path_items, self.meta_path_items = list(sys.argv), list(sys.path), list(sys.meta_path)
+        self.argv_items, self.path_items, self.finders_before = list(sys.argv), list(sys.path), list(sys.meta_path)
         self.pythonpath = os.environ.get("PYTHONPATH")
 
     def restore(self) -> None:
-        """Put back the same list objects with the same items (the script may have rebound or edited them)."""
-        sys.argv, sys.path, sys.meta_path = self.argv, self.path, self.meta_path
-        self.argv[:], self.path[:], self.meta_path[:] = self.argv_items, self.path_items, self.meta_path_items
+        """Put back the same list objects with the same items (the script may have rebound or edited them).
+
+        `sys.meta_path` loses only the apexlite finders the run added: a finder a library imported
+        during the run added (six's, a lazy loader's) still serves modules that stay loaded, so it stays.
+        """
+        sys.argv, sys.path = self.argv, self.path
+        self.argv[:], self.path[:] = self.argv_items, self.path_items
+        current = sys.meta_path
+        sys.meta_path = self.meta_path
+        self.meta_path[:] = [finder for finder in current
+                             if finder in self.finders_before or not hook.is_apexlite_finder(finder)]
         if self.pythonpath is None:
             os.environ.pop("PYTHONPATH", None)
         else:

@@ -81,6 +81,30 @@ def test_in_process_module_run_restores_interpreter_state(tmp_path, monkeypatch,
     assert "inside apexlite.compat.apex" in capsys.readouterr().out
 
 
+def test_finders_added_by_the_scripts_libraries_stay_and_an_embedding_hook_survives(tmp_path, capsys):
+    """Only the run's own apexlite finder goes: a library's finder serves modules that remain loaded."""
+    from apexlite.compat import apex_aliases
+
+    script = tmp_path / "adds_finder.py"
+    script.write_text(textwrap.dedent("""
+        import sys, importlib.abc
+        class LibraryFinder(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                return None
+        sys.meta_path.append(LibraryFinder())
+        import apex
+        print("ran", apex.__name__)
+    """))
+    with apex_aliases() as embedding_finder:
+        before = list(sys.meta_path)
+        assert runner.main([str(script)]) == 0
+        after = list(sys.meta_path)
+        assert after[:len(before)] == before and embedding_finder in after
+        assert [type(finder).__name__ for finder in after[len(before):]] == ["LibraryFinder"]
+        sys.meta_path.remove(after[-1])
+    assert "ran apexlite.compat.apex" in capsys.readouterr().out
+
+
 CHILDREN_SCRIPT = textwrap.dedent("""
     import multiprocessing, os, subprocess, sys
 

@@ -142,6 +142,11 @@ def replace_stand_in(name: str) -> None:
     importlib.import_module(name)
 
 
+def is_apexlite_finder(finder: object) -> bool:
+    """Whether `finder` is one of apexlite's (this hook, or a child's start-up finder before hand-over)."""
+    return isinstance(finder, ApexAliasFinder) or type(finder).__name__ == "DeferredApexFinder"
+
+
 def uninstall(finder: ApexAliasFinder) -> None:
     """Remove the finder and every alias it published."""
     if finder in sys.meta_path:

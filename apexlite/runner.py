@@ -5,8 +5,8 @@ The script runs in this process exactly as `python SCRIPT ARGS...` would run it 
 and traceback are the process's), with the apex import hook installed first so `import apex` and
 `import amp_C` resolve to apexlite.compat. APEXLITE_OPT_LEVEL / APEXLITE_DTYPE in the environment
 are honoured by `amp.initialize`, so the opt level or dtype can change without editing the script.
-When `main()` returns (or raises), `sys.argv`, `sys.path`, `sys.meta_path` and `PYTHONPATH` are as
-it found them, so a run can be embedded in another Python program.
+When `main()` returns (or raises), `sys.argv`, `sys.path` and `PYTHONPATH` are as it found them and
+the hook is off `sys.meta_path` again, so a run can be embedded in another Python program.
 """
 from __future__ import annotations
 

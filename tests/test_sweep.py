@@ -192,6 +192,10 @@ def test_a_final_loss_above_twice_the_baseline_is_diverged():
     assert [(row["status"], row["loss_vs_baseline"]) for row in rows] == [("ok", 1.0), ("diverged", 2.5),
                                                                           ("ok", 1.9)]
     assert rows[1]["error"] == "final loss 2.5 is above 2x the baseline's (1)"
+    trapped = _rows(("O0", "float32", "ok", 20.0, 1.0), ("O3", "float16", "ok", 10.0, 3.0))
+    trapped[1]["known_traps"] = ["O3 in float16 with torch.optim.Adam(eps=1e-08) diverges"]
+    verdict.apply_baseline(trapped, trapped[0])
+    assert trapped[1]["error"].endswith("; known trap: O3 in float16 with torch.optim.Adam(eps=1e-08) diverges")
 
 
 # --- reports -------------------------------------------------------------------------------------

@@ -106,8 +106,10 @@ def apply_baseline(rows: List[Dict[str, Any]], baseline: Optional[Dict[str, Any]
         if base > 0:
             row["loss_vs_baseline"] = row["final_loss"] / base
         if row["status"] == "ok" and relative_excess(row["final_loss"], base) > DIVERGED_LOSS_RATIO - 1:
+            traps = row.get("known_traps") or []
             row.update(status="diverged", error=f"final loss {row['final_loss']:.4g} is above "
-                                                f"{DIVERGED_LOSS_RATIO:g}x the baseline's ({base:.4g})")
+                                                f"{DIVERGED_LOSS_RATIO:g}x the baseline's ({base:.4g})"
+                                                + ("; known trap: " + " ".join(traps) if traps else ""))
 
 
 def _rank(row: Dict[str, Any], order: List[Tuple[str, str]]) -> Tuple[int, int]:

@@ -17,6 +17,12 @@ class FusedSGD(ApexStyleOptimizer):
     else buf = momentum*buf + (1-dampening)*g; g = g + momentum*buf (Nesterov) or g = buf; p -= lr*g.
     ``materialize_master_grads`` is accepted for apex compatibility: apexlite's O2 always keeps fp32
     master grads. ``set_grad_none`` is the default of ``zero_grad``.
+
+    .. note:: **Momentum storage.** ``state[p]["momentum_buffer"]`` has the param's dtype, as apex's
+       kernel kept it: an fp16/bf16 param without master weights (O3, or a half model) stores its
+       momentum in 2 bytes per element, not 4. The arithmetic is fp32 and the step uses the
+       unrounded new momentum; only the stored buffer is rounded, once per step. Under O2 the
+       optimizer holds the fp32 masters, so their momentum is fp32.
     """
 
     def __init__(self, params: Iterable[Any], lr: float = required, momentum: float = 0, dampening: float = 0,
@@ -54,14 +60,23 @@ class FusedSGD(ApexStyleOptimizer):
                 if wd != 0 and not self.wd_after_momentum:
                     grad = grad.add(weight, alpha=wd)
                 if momentum != 0:
-                    state = self.state[param]
-                    if "momentum_buffer" not in state:
-                        buf = state["momentum_buffer"] = grad.clone()
-                    else:
-                        buf = state["momentum_buffer"]
-                        buf.mul_(momentum).add_(grad, alpha=1 - group["dampening"])
-                    grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf.clone()
+                    buf = self._update_momentum(param, grad, momentum, group["dampening"])
+                    grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
                 if wd != 0 and self.wd_after_momentum:
                     grad = grad.add(weight, alpha=wd)
                 param.copy_(weight.add_(grad, alpha=-group["lr"]))
         return loss
+
+    def _update_momentum(self, param: torch.Tensor, grad: torch.Tensor, momentum: float,
+                         dampening: float) -> torch.Tensor:
+        """The new fp32 momentum (the grad on the first step); stores it rounded to the param's dtype."""
+        state = self.state[param]
+        stored = state.get("momentum_buffer")
+        if stored is None:
+            buf = grad.clone()
+            state["momentum_buffer"] = buf.to(param.dtype)
+            return buf
+        buf = stored.float().mul_(momentum).add_(grad, alpha=1 - dampening)  # in place when stored is fp32
+        if buf is not stored:
+            stored.copy_(buf)
+        return buf

@@ -30,10 +30,15 @@ def _check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> None:
 
 
 def _flag_on(value: Union[None, float, torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:
-    """A GradScaler-style flag (scale or found_inf) as a float32 tensor on ``device``, or None."""
+    """A GradScaler-style flag (scale or found_inf) as a float32 tensor on ``device``, or None.
+
+    A Python number becomes a device tensor by a fill, with no host-to-device copy.
+    """
     if value is None:
         return None
-    return torch.as_tensor(value, dtype=torch.float32).to(device, non_blocking=True)
+    if torch.is_tensor(value):
+        return value.to(device=device, dtype=torch.float32, non_blocking=True)
+    return torch.full((1,), float(value), dtype=torch.float32, device=device)
 
 
 def _bump_versions(tensors: Iterable[torch.Tensor]) -> None:

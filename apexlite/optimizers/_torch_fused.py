@@ -78,7 +78,13 @@ class Workspace:
 
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
     """The elements of a dense tensor in memory order (lists of one call share their strides)."""
-    return tensor.reshape(-1) if tensor.is_contiguous() else tensor.as_strided((tensor.numel(),), (1,))
+    if tensor.dim() == 1:
+        return tensor
+    return tensor.view(-1) if tensor.is_contiguous() else tensor.as_strided((tensor.numel(),), (1,))
+
+
+def _piece(flat: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    return flat if start == 0 and end == flat.numel() else flat[start:end]
 
 
 def _slices(numels: Sequence[int], limit: int) -> List[List[Tuple[int, int, int]]]:
@@ -156,7 +162,7 @@ def _sliced_step(op, hyper: dict, lists, scratch: List[bool], steps: List[torch.
     flat_copies = [_flat(t) for t in model_copies]
     device = lists[0][0].device
     for pieces in _slices([t.numel() for t in lists[0]], SLICE_ELEMENTS):
-        views = [[flat[i][start:end] for i, start, end in pieces] for flat in flat_lists]
+        views = [[_piece(flat[i], start, end) for i, start, end in pieces] for flat in flat_lists]
         work = []
         for slot, (piece_views, widen) in enumerate(zip(views, scratch)):
             if widen:
@@ -171,4 +177,4 @@ def _sliced_step(op, hyper: dict, lists, scratch: List[bool], steps: List[torch.
         if scratch[1] and write_grads:
             _copy(views[1], work[1])
         if flat_copies:
-            _copy([flat_copies[i][start:end] for i, start, end in pieces], work[0])
+            _copy([_piece(flat_copies[i], start, end) for i, start, end in pieces], work[0])

@@ -4,12 +4,15 @@ Cases (same sizes, all alive in one process, timed round-robin so drift hits the
 
 * ``torch Adam fused``     torch.optim.Adam(fused=True) on fp32 params and grads (the baseline);
 * ``torch Adam foreach``   torch.optim.Adam(foreach=True), fp32;
-* ``apexlite fp32``        FusedAdam on fp32 params and grads;
+* ``apexlite fp32 [path]`` FusedAdam on fp32 params and grads, for each path this machine has:
+                           ``kernel`` (apexlite's compiled kernel) and ``torch ops`` (torch's fused
+                           Adam, the path without a compiled kernel, e.g. APEXLITE_DISABLE_EXTENSION=1);
 * ``torch O2 chain``       bf16 model params and grads, fp32 masters: copy grads to fp32, fused
                            Adam on the masters, copy the masters back to bf16 (three passes);
-* ``apexlite O2``          FusedAdam(master_weights=True) on bf16 params with bf16 grads: one pass
-                           that reads bf16 grads and writes fp32 masters, moments and the bf16 copy;
-* ``apexlite reference``   FusedAdam(implementation="reference"), the pure-torch fallback.
+* ``apexlite O2 [path]``   FusedAdam(master_weights=True) on bf16 params with bf16 grads: the kernel
+                           reads bf16 grads and writes fp32 masters, moments and the bf16 copy in one
+                           pass; the torch-ops path runs the chain in cache-sized slices;
+* ``apexlite reference``   FusedAdam(implementation="reference"), the pure-torch oracle.
 
 Effective GB/s counts the bytes the fused step must move at least: fp32 reads p, g, m, v and writes
 p, m, v (28 B/param); O2 reads master, bf16 g, m, v and writes master, m, v, bf16 copy (28 B/param).
@@ -29,7 +32,7 @@ from typing import Callable, Dict, List
 import torch
 
 from apexlite import _ext
-from apexlite.optimizers import FusedAdam
+from apexlite.optimizers import FusedAdam, _torch_fused
 
 BYTES_PER_PARAM = 28
 NUM_TENSORS = 100
@@ -73,15 +76,27 @@ def torch_o2_chain(sizes: List[int]) -> Callable[[], None]:
     return step
 
 
+PATHS = {"kernel": "kernel", "torch": "torch ops"}
+
+
+def available_paths() -> List[str]:
+    """FusedAdam implementations this process can run on the CPU."""
+    return [path for path, ok in (("kernel", _ext.kernels_available("cpu")), ("torch", _torch_fused.available("cpu")))
+            if ok]
+
+
 def build_cases(total: int, with_reference: bool) -> Dict[str, Callable[[], None]]:
     sizes = tensor_sizes(total)
     cases = {
         "torch Adam fused": torch.optim.Adam(make_params(sizes, torch.float32), lr=1e-3, fused=True).step,
         "torch Adam foreach": torch.optim.Adam(make_params(sizes, torch.float32), lr=1e-3, foreach=True).step,
-        "apexlite fp32": FusedAdam(make_params(sizes, torch.float32), lr=1e-3).step,
         "torch O2 chain": torch_o2_chain(sizes),
-        "apexlite O2": FusedAdam(make_params(sizes, torch.bfloat16), lr=1e-3, master_weights=True).step,
     }
+    for path in available_paths():
+        cases[f"apexlite fp32 [{PATHS[path]}]"] = FusedAdam(make_params(sizes, torch.float32), lr=1e-3,
+                                                            implementation=path).step
+        cases[f"apexlite O2 [{PATHS[path]}]"] = FusedAdam(make_params(sizes, torch.bfloat16), lr=1e-3,
+                                                          master_weights=True, implementation=path).step
     if with_reference:
         cases["apexlite reference"] = FusedAdam(make_params(sizes, torch.float32), lr=1e-3,
                                                 implementation="reference").step
@@ -135,7 +150,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, kernel: {_ext.status().source}\n")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, compiled kernel: {_ext.status().source}, "
+          f"paths: {', '.join(PATHS[p] for p in available_paths())}\n")
     for total in (int(s) for s in args.sizes):
         cases = build_cases(total, args.reference)
         cases[COPY_CASE] = copy_case(total)

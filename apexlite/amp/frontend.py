@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from apexlite.amp import checks
+from apexlite.amp.advice import warn_known_traps
 from apexlite.amp.amp_optimizer import AmpOptimizer, PlainGrads
 from apexlite.amp.errors import AmpConfigError
 from apexlite.amp.fused_master import FusedMasterGrads, supports_fused_master_step
@@ -122,6 +123,8 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
             session.close()
         raise
     session.publish()
+    if enabled:
+        warn_known_traps(properties, new_optimizers, low_dtype)
     if existing is not None:
         log.info("amp.initialize called again: opt_level=%s now applies; %d model(s) and %d optimizer(s) "
                  "are registered and share %d new loss scaler(s) (session %s; amp.deinitialize() starts over)",

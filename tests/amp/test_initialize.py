@@ -196,3 +196,17 @@ def test_decorators_cast_only_under_o1():
     amp.deinitialize()
     amp.initialize(*model_opt(), opt_level="O0", verbosity=0)
     assert mm(a, a).dtype is torch.float32
+
+
+def test_initialize_warns_about_o3_fp16_with_torch_adam(caplog):
+    model = torch.nn.Linear(3, 4)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with caplog.at_level(logging.WARNING, logger="apexlite"):
+        amp.initialize(model, opt, opt_level="O3", verbosity=0)
+    assert "eps=1e-08 rounds to 0" in caplog.text and "opt_level='O2'" in caplog.text
+    amp.deinitialize()
+    caplog.clear()
+    model = torch.nn.Linear(3, 4)
+    with caplog.at_level(logging.WARNING, logger="apexlite"):
+        amp.initialize(model, torch.optim.Adam(model.parameters(), lr=1e-3), opt_level="O2", verbosity=0)
+    assert "rounds to 0" not in caplog.text

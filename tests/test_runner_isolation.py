@@ -108,8 +108,9 @@ def test_finders_added_by_the_scripts_libraries_stay_and_an_embedding_hook_survi
 CHILDREN_SCRIPT = textwrap.dedent("""
     import multiprocessing, os, subprocess, sys
 
-    PROBE = ("import importlib.metadata, sys; version = importlib.metadata.version('apex'); "
-             "import apex; print(apex.__name__, version)")
+    METADATA_FIRST = ("import builtins, importlib.metadata, sys; version = importlib.metadata.version('apex'); "
+                      "print(version, 'torch' in sys.modules, 'apexlite' in sys.modules, "
+                      "getattr(builtins, 'SITE_CUSTOMIZED', 'no'), end=' '); import apex; print(apex.__name__)")
 
 
     def spawned(queue):
@@ -128,22 +129,27 @@ CHILDREN_SCRIPT = textwrap.dedent("""
         process.join()
         here = os.path.dirname(os.path.abspath(__file__))
         for label, command in [("script", [sys.executable, os.path.join(here, "child.py")]),
-                               ("dash-c", [sys.executable, "-c", PROBE])]:
+                               ("dash-c", [sys.executable, "-c", METADATA_FIRST])]:
             done = subprocess.run(command, capture_output=True, text=True, cwd=here)
             print(label, done.stdout.strip() or done.stderr.strip().splitlines()[-1])
 """)
 
 
 def test_children_resolve_apex_like_the_parent_despite_a_local_apex_folder(tmp_path):
+    """spawn children and new interpreters (a script next to the local folder, `-c` run there) get apexlite;
+    a child loads neither torch nor apexlite until it imports apex, and the site's sitecustomize still runs."""
     local = tmp_path / "apex"
     local.mkdir()
     (local / "__init__.py").write_text("LOCAL = True\n")
     (tmp_path / "child.py").write_text(
         "import importlib.metadata\nimport apex\nprint(apex.__name__, importlib.metadata.version('apex'))\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import builtins\nbuiltins.SITE_CUSTOMIZED = 'site-ran'\n")
     script = tmp_path / "spawner.py"
     script.write_text(CHILDREN_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("APEXLITE_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
     result = subprocess.run([sys.executable, "-m", "apexlite", "run", str(script)], capture_output=True,
                             text=True, timeout=TIMEOUT_S, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
@@ -151,38 +157,8 @@ def test_children_resolve_apex_like_the_parent_despite_a_local_apex_folder(tmp_p
         "parent apexlite.compat.apex",
         "spawn apexlite.compat.apex",
         "script apexlite.compat.apex 0.1+apexlite",
-        "dash-c apexlite.compat.apex 0.1+apexlite",
+        "dash-c 0.1+apexlite False False site-ran apexlite.compat.apex",
     ], result.stderr
     outside = subprocess.run([sys.executable, str(tmp_path / "child.py")], capture_output=True, text=True,
                              timeout=TIMEOUT_S, cwd=tmp_path, env=env)
     assert outside.returncode != 0 and "PackageNotFoundError" in outside.stderr  # plain python: the local folder
-
-
-def _run_child_probe(tmp_path, probe, env_extra=None):
-    script = tmp_path / "starter.py"
-    script.write_text(textwrap.dedent(f"""
-        import subprocess, sys
-        done = subprocess.run([sys.executable, "-c", {probe!r}], capture_output=True, text=True)
-        print(done.stdout.strip() or done.stderr)
-    """))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("APEXLITE_")}
-    env.update(env_extra or {})
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(ROOT)]))
-    result = subprocess.run([sys.executable, "-m", "apexlite", "run", str(script)], capture_output=True,
-                            text=True, timeout=TIMEOUT_S, cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
-
-
-def test_child_start_up_loads_neither_torch_nor_apexlite_until_apex_is_asked_for(tmp_path):
-    probe = ("import sys, importlib.metadata; v = importlib.metadata.version('apex'); "
-             "print(v, 'torch' in sys.modules, 'apexlite' in sys.modules)")
-    assert _run_child_probe(tmp_path, probe) == "0.1+apexlite False False"
-
-
-def test_a_site_sitecustomize_still_runs_in_children(tmp_path):
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text("import builtins\nbuiltins.SITE_CUSTOMIZED = 'yes'\n")
-    probe = "import builtins, apex; print(getattr(builtins, 'SITE_CUSTOMIZED', 'no'), apex.__name__)"
-    assert _run_child_probe(tmp_path, probe, {"PYTHONPATH": str(site)}) == "yes apexlite.compat.apex"

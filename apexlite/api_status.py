@@ -118,7 +118,10 @@ TABLE: Tuple[ApiStatus, ...] = (
     *_rows(DIFFERS, "always available (torch foreach ops, any device); chunk_size is accepted and unused",
            ["apex.multi_tensor_apply.multi_tensor_applier", "apex.multi_tensor_apply.MultiTensorApply"]),
     *_rows(DIFFERS, _AMP_C, ["amp_C.multi_tensor_scale", "amp_C.multi_tensor_axpby", "amp_C.multi_tensor_l2norm",
-                             "amp_C.multi_tensor_unscale_l2norm", "amp_C.update_scale_hysteresis"]),
+                             "amp_C.multi_tensor_unscale_l2norm"]),
+    ApiStatus("amp_C.update_scale_hysteresis", DIFFERS,
+              "a few torch ops on the device instead of apex's one kernel, same results; malformed state (wrong "
+              "dtype or size) raises instead of being misread"),
     *(ApiStatus(f"amp_C.{kernel}", UNSUPPORTED, _OPT_KERNEL.format(optimizer)) for kernel, optimizer in (
         ("multi_tensor_sgd", "FusedSGD"), ("multi_tensor_adam", "FusedAdam"),
         ("multi_tensor_adam_capturable", "FusedAdam"), ("multi_tensor_adam_capturable_master", "FusedAdam"),

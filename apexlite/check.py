@@ -233,7 +233,7 @@ def main(argv: List[str]) -> int:
         print(f"{args.script}: no apex APIs used")
         return 0
     width = max(len(name) for name, _, _ in rows)
-    print(f"{args.script}: {len(rows)} apex APIs")
+    print(f"{args.script}: {len(rows)} APIs to know about")
     for name, lines, status in rows:
         where = ",".join(str(line) for line in lines)
         print(f"  {name:{width}}  line {where}: {status}")

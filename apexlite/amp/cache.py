@@ -33,7 +33,7 @@ def _compile_flag():
     return flag if flag is not None else (lambda: False)
 
 
-_tracing = _compile_flag()
+tracing = _compile_flag()
 
 
 class CastCache:
@@ -52,7 +52,7 @@ class CastCache:
         plain tensors Parameter's Python-level isinstance check: this runs on every patched call).
         """
         if not (tensor.is_leaf and (tensor.requires_grad or (
-                type(tensor) is not torch.Tensor and isinstance(tensor, torch.nn.Parameter)))) or _tracing():
+                type(tensor) is not torch.Tensor and isinstance(tensor, torch.nn.Parameter)))) or tracing():
             # activations are never cached; nor is anything while torch.compile traces (the graph
             # holds its own casts, and traced tensors have no data pointer to validate an entry with)
             return CONVERTERS[dtype](tensor)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import torch
 
 from apexlite._logging import get_logger, is_rank_zero
-from apexlite.amp.cache import CastCache
+from apexlite.amp.cache import CastCache, tracing
 from apexlite.amp.cast_state import CastState
 from apexlite.amp.errors import AmpStateError
 from apexlite.amp.opt_levels import Properties
@@ -83,7 +83,7 @@ class ForwardScopeStart:
 
     def __call__(self, module: Any, args: Any) -> None:
         session = _Process.session
-        if session is not None:
+        if session is not None and not tracing():  # compiled graphs hold their own casts, not the cache's
             session.enter_forward()
 
 
@@ -92,7 +92,7 @@ class ForwardScopeEnd:
 
     def __call__(self, module: Any, args: Any, output: Any) -> None:
         session = _Process.session
-        if session is not None:
+        if session is not None and not tracing():
             session.exit_forward()
 
 

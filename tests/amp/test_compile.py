@@ -103,3 +103,19 @@ def test_compiled_module_recompiles_after_deinitialize():
     after = compiled(x)
     assert under_o1.dtype == torch.bfloat16
     assert after.dtype == torch.float32 and torch.equal(after, model(x))
+
+
+def test_an_o1_model_compiles_in_one_graph_and_recompiles_cleanly():
+    """No graph breaks from the O1 wrappers, the cast cache or the forward-scope hooks; explaining and
+    then compiling the same module works (dynamo once tripped over the hooks' thread-local state)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    amp.initialize(model, opt_level="O1", dtype=torch.bfloat16, verbosity=0)
+    try:
+        x = torch.randn(3, 4)
+        explanation = torch._dynamo.explain(model)(x)
+        compiled = torch.compile(model, backend="aot_eager")(x)
+        eager = model(x)
+    finally:
+        amp.deinitialize()
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    assert compiled.dtype is torch.bfloat16 and torch.equal(compiled, eager)

@@ -4,7 +4,7 @@ NOTE [torch fused path]
 - ``torch._fused_adam_`` / ``torch._fused_adamw_`` take lists that share one dtype. Every call here
   runs them in float32. When every list is float32 (and the grads may be written), one op call does
   the whole bucket. Otherwise (half grads, half params without masters, bf16 moments, or float32
-  grads that must stay as they are) the elements are taken in slices of at most SLICE_ELEMENTS: the
+  grads that must stay as they are) the elements are taken in slices (SLICE_ELEMENTS per device): the
   slice's non-float32 lists are widened into a float32 :class:`Workspace` (one foreach copy per
   list), updated by one op call, and narrowed back (one foreach copy per updated list), and O2 half
   weights (``model_copies``) receive their fp32 masters. That is the upcast + fused + copy chain torch
@@ -33,7 +33,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-SLICE_ELEMENTS = 1 << 20  # elements per slice: 4 MiB of float32 scratch per widened list
+# Elements per slice. CPU: 4 MiB of float32 scratch per widened list, so a slice's widened grads are
+# still in cache when the update reads them. GPU: large, so that launches stay few (128 MiB per list).
+SLICE_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 25}
+DEFAULT_SLICE_ELEMENTS = 1 << 25
 OP_NAMES = ("_fused_adam_", "_fused_adamw_")
 
 
@@ -88,18 +91,25 @@ def _piece(flat: torch.Tensor, start: int, end: int) -> torch.Tensor:
 
 
 def _slices(numels: Sequence[int], limit: int) -> List[List[Tuple[int, int, int]]]:
-    """(tensor index, start, end) pieces grouped into slices of at most ``limit`` elements."""
-    slices, current, room = [], [], limit
+    """(tensor index, start, end) pieces grouped into slices of at most ``limit`` elements.
+
+    A tensor is cut only when it alone exceeds ``limit``: every extra piece costs the CPU one more
+    parallel region in each of the slice's three ops.
+    """
+    slices: List[List[Tuple[int, int, int]]] = []
+    current: List[Tuple[int, int, int]] = []
+    room = limit
     for index, numel in enumerate(numels):
-        start = 0
-        while start < numel:
-            end = start + min(numel - start, room)
-            current.append((index, start, end))
-            room -= end - start
-            start = end
-            if room == 0:
-                slices.append(current)
-                current, room = [], limit
+        if numel == 0:
+            continue
+        if numel > room and current:
+            slices.append(current)
+            current, room = [], limit
+        if numel > limit:
+            slices += [[(index, start, min(start + limit, numel))] for start in range(0, numel, limit)]
+            continue
+        current.append((index, 0, numel))
+        room -= numel
     return slices + ([current] if current else [])
 
 
@@ -161,7 +171,8 @@ def _sliced_step(op, hyper: dict, lists, scratch: List[bool], steps: List[torch.
     flat_lists = [[_flat(t) for t in lst] for lst in lists]
     flat_copies = [_flat(t) for t in model_copies]
     device = lists[0][0].device
-    for pieces in _slices([t.numel() for t in lists[0]], SLICE_ELEMENTS):
+    limit = SLICE_ELEMENTS.get(device.type, DEFAULT_SLICE_ELEMENTS)
+    for pieces in _slices([t.numel() for t in lists[0]], limit):
         views = [[_piece(flat[i], start, end) for i, start, end in pieces] for flat in flat_lists]
         work = []
         for slot, (piece_views, widen) in enumerate(zip(views, scratch)):

@@ -26,6 +26,7 @@ DTYPE_COMBOS = [  # (param, grad, moment, copy or None): every combination the o
 ]
 HYPER = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
 NUMELS = [0, 1, 37, 1000, 5]
+SLICED_NUMELS = [0, 1, 2, 3, 37, 0, 1000, 5, 2]
 
 
 def _lists(combo, numels=NUMELS, shape=None):
@@ -76,13 +77,13 @@ def test_torch_path_matches_reference(combo, adam_w_mode, bias_correction):
                                    (torch.float16, torch.float16, torch.bfloat16, None),
                                    (torch.float32, torch.float32, torch.float32, None)], ids=str)
 def test_slices_update_every_element_once(monkeypatch, combo):
-    monkeypatch.setattr(_torch_fused, "SLICE_ELEMENTS", 7)  # tensors cut across slices, slices of many tensors
+    monkeypatch.setitem(_torch_fused.SLICE_ELEMENTS, "cpu", 7)  # big tensors cut, small ones sharing a slice
     param, grad, moment, copy = combo
-    params = [torch.zeros(n, dtype=param) for n in NUMELS]
-    grads = [torch.full((n,), 4.0, dtype=grad) for n in NUMELS]  # 1 once unscaled by 4
-    moments = [[torch.zeros(n, dtype=moment) for n in NUMELS] for _ in range(2)]
-    steps = [torch.full((), float(i)) for i in range(len(NUMELS))]
-    copies = [torch.zeros(n, dtype=copy) for n in NUMELS] if copy else []
+    params = [torch.zeros(n, dtype=param) for n in SLICED_NUMELS]
+    grads = [torch.full((n,), 4.0, dtype=grad) for n in SLICED_NUMELS]  # 1 once unscaled by 4
+    moments = [[torch.zeros(n, dtype=moment) for n in SLICED_NUMELS] for _ in range(2)]
+    steps = [torch.full((), float(i)) for i in range(len(SLICED_NUMELS))]
+    copies = [torch.zeros(n, dtype=copy) for n in SLICED_NUMELS] if copy else []
     _torch_fused.torch_fused_adam_step(
         params, grads, *moments, steps, copies, lr=1.0, beta1=0.0, beta2=0.0, eps=0.0, weight_decay=0.0,
         bias_correction=False, adam_w_mode=True, grad_scale=torch.tensor([4.0]), unscale_grads=False,
@@ -90,7 +91,20 @@ def test_slices_update_every_element_once(monkeypatch, combo):
     for tensor in params + copies:
         assert torch.equal(tensor, torch.full_like(tensor, -1.0))
     assert all(torch.equal(g, torch.full_like(g, 4.0)) for g in grads)  # read, never written
-    assert [float(s) for s in steps] == [i + 1.0 for i in range(len(NUMELS))]
+    assert [float(s) for s in steps] == [i + 1.0 for i in range(len(SLICED_NUMELS))]
+
+
+@pytest.mark.parametrize("limit", [1, 3, 7, 64, 10_000])
+def test_slices_cover_each_element_once_and_cut_only_big_tensors(limit):
+    slices = _torch_fused._slices(SLICED_NUMELS, limit)
+    covered = [[0] * n for n in SLICED_NUMELS]
+    for pieces in slices:
+        assert 0 < sum(end - start for _, start, end in pieces) <= limit
+        for index, start, end in pieces:
+            assert (start, end) == (0, SLICED_NUMELS[index]) or SLICED_NUMELS[index] > limit
+            for element in range(start, end):
+                covered[index][element] += 1
+    assert all(count == 1 for counts in covered for count in counts)
 
 
 def test_slices_match_one_call_to_float_rounding(monkeypatch):
@@ -98,7 +112,7 @@ def test_slices_match_one_call_to_float_rounding(monkeypatch):
     whole, sliced = _lists(combo), _lists(combo)
     kw = dict(HYPER, adam_w_mode=True, bias_correction=True, grad_scale=torch.tensor([64.0]), unscale_grads=True)
     _torch_fused.torch_fused_adam_step(*whole, **kw)
-    monkeypatch.setattr(_torch_fused, "SLICE_ELEMENTS", 7)
+    monkeypatch.setitem(_torch_fused.SLICE_ELEMENTS, "cpu", 7)
     _torch_fused.torch_fused_adam_step(*sliced, **kw, workspace=_torch_fused.Workspace())
     _assert_lists_close(sliced, whole, torch.float32)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from apexlite import _ext
 from apexlite.optimizers import FusedAdam
 from tests.optimizers.adam_helpers import (
     HALF_DTYPES, IMPLEMENTATIONS, STEPS, assert_close, assert_state_matches, fp32_leaves, leaves,
@@ -121,9 +122,9 @@ def test_bf16_moments_track_fp32_moments(implementation):
     assert_state_matches(ours, ours_params, ref, ref_params, torch.bfloat16)
 
 
+@pytest.mark.skipif(not _ext.kernels_available("cpu"), reason="compiled CPU kernel not built")
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 def test_kernel_and_reference_agree_on_bf16_moments_with_masters(dtype):
-    pytest.importorskip("apexlite._C", reason="compiled CPU kernel not built")
     init = [t.to(dtype) for t in _shapes()]
     a_params, b_params = leaves(init, dtype), leaves(init, dtype)
     kw = dict(lr=1e-2, master_weights=True, exp_avg_dtype=torch.bfloat16)

@@ -49,7 +49,7 @@ def available(device_type: str) -> bool:
         one = torch.zeros(1, device=device_type)
         torch._fused_adamw_([one], [one.clone()], [one.clone()], [one.clone()], [], [torch.ones((), device=device_type)],
                             lr=0.0, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
-    except (RuntimeError, NotImplementedError):
+    except (RuntimeError, NotImplementedError, AssertionError):  # AssertionError: torch built without that device
         return False
     return True
 

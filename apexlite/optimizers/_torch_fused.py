@@ -65,18 +65,29 @@ def _copy(targets: List[torch.Tensor], sources: List[torch.Tensor]) -> None:
 
 
 class Workspace:
-    """Float32 scratch for the widened lists of one slice, kept between steps (per device and list)."""
+    """Float32 scratch for the widened lists of one slice, kept between steps (per device and list).
+
+    The views handed out are remembered too: the same slices come back every step, and making 100
+    views costs about as much Python time as the rest of the step's bookkeeping.
+    """
 
     def __init__(self) -> None:
         self._buffers: Dict[Tuple[torch.device, int], torch.Tensor] = {}
+        self._views: Dict[Tuple[torch.device, int, Tuple[int, ...]], List[torch.Tensor]] = {}
 
     def pieces(self, device: torch.device, slot: int, sizes: Sequence[int]) -> List[torch.Tensor]:
         """Float32 views of the given sizes, laid end to end in the buffer of ``slot``."""
+        key = (device, slot, tuple(sizes))
+        views = self._views.get(key)
+        if views is not None:
+            return views
         total = sum(sizes)
         buffer = self._buffers.get((device, slot))
         if buffer is None or buffer.numel() < total:
             buffer = self._buffers[(device, slot)] = torch.empty(total, dtype=torch.float32, device=device)
-        return list(buffer[:total].split(list(sizes)))
+            self._views = {k: v for k, v in self._views.items() if k[:2] != (device, slot)}  # of the old buffer
+        views = self._views[key] = list(buffer[:total].split(list(sizes)))
+        return views
 
 
 def _flat(tensor: torch.Tensor) -> torch.Tensor:

@@ -75,6 +75,10 @@ class CastCache:
         for key in [key for key, entry in self._entries.items() if entry[0] is weight]:
             del self._entries[key]
 
+    def entries(self) -> list:
+        """[(weight, version, data pointer, cast), ...] (for inspection and tests)."""
+        return list(self._entries.values())
+
     def __contains__(self, weight: object) -> bool:
         return any(entry[0] is weight for entry in self._entries.values())
 

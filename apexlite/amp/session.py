@@ -19,8 +19,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import torch
 
 from apexlite._logging import get_logger, is_rank_zero
-from apexlite.amp.cache import CastCache, tracing
-from apexlite.amp.cast_state import CastState
+from apexlite.amp.cache import tracing
+from apexlite.amp.native_casts import make_cache_and_state
 from apexlite.amp.errors import AmpStateError
 from apexlite.amp.opt_levels import Properties
 from apexlite.amp.patcher import Patcher
@@ -104,8 +104,7 @@ class AmpSession:
         self.patcher = Patcher()  # optimizer wrappers, model hooks
         self.o1_patcher = Patcher()  # torch function wrappers (O1), undone alone by a handle's _deactivate
         self.o1_registrations: List[Any] = []  # user registrations the installed O1 patches include
-        self.cache = CastCache()
-        self.cast_state = CastState(torch.float16, self.cache)
+        self.cache, self.cast_state = make_cache_and_state(torch.float16)  # native or Python, see native_casts
         self.cast_state.active = False
         self.loss_scalers: List[LossScaler] = []
         self.optimizers: Dict[int, Any] = {}  # id(optimizer) -> AmpOptimizer

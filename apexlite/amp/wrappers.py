@@ -14,6 +14,7 @@ import wrapt
 from apexlite._logging import get_logger
 from apexlite.amp.cast_state import CastState
 from apexlite.amp.lists import BANNED_MESSAGES
+from apexlite.amp.native_casts import native_wrapper
 from apexlite.amp.policies import (
     CASTABLE_DTYPES, CONVERTERS, CastPolicy, collect_float_dtypes, is_low_precision, map_tensors, widest,
 )
@@ -139,25 +140,30 @@ def _banned_wrapper(state: CastState, original: Callable, name: str) -> Callable
     return wrapper
 
 
+def _python_wrapper(policy: CastPolicy, state: CastState, original: Callable, name: str) -> Callable:
+    """The pure-Python wrapper function for `policy` (the reference implementation)."""
+    if policy is CastPolicy.LOW_PRECISION:
+        return _fixed_dtype_wrapper(state, original, name, low=True)
+    if policy is CastPolicy.FLOAT:
+        return _fixed_dtype_wrapper(state, original, name, low=False)
+    if policy is CastPolicy.PROMOTE:
+        return _promote_wrapper(state, original, name, sequence=False)
+    if policy is CastPolicy.SEQUENCE_PROMOTE:
+        return _promote_wrapper(state, original, name, sequence=True)
+    if policy is CastPolicy.MATCH_SELF:
+        return _match_self_wrapper(state, original, name)
+    if policy is CastPolicy.INPLACE_FLOAT:
+        return _inplace_float_wrapper(state, original, name)
+    if policy is CastPolicy.BANNED:
+        return _banned_wrapper(state, original, name)
+    raise ValueError(f"unknown cast policy {policy}")  # pragma: no cover - the enum is closed
+
+
 def make_wrapper(policy: CastPolicy, state: CastState, original: Callable, name: str) -> wrapt.FunctionWrapper:
     """A wrapt FunctionWrapper around `original` (a function, or a raw method descriptor) for `policy`.
 
     Wrappers that cast `self` call `original(cast(self), ...)` rather than wrapt's bound `wrapped`.
+    With a native session state the four casting policies get apexlite._C's wrapper, the rest Python's.
     """
-    if policy is CastPolicy.LOW_PRECISION:
-        wrapper = _fixed_dtype_wrapper(state, original, name, low=True)
-    elif policy is CastPolicy.FLOAT:
-        wrapper = _fixed_dtype_wrapper(state, original, name, low=False)
-    elif policy is CastPolicy.PROMOTE:
-        wrapper = _promote_wrapper(state, original, name, sequence=False)
-    elif policy is CastPolicy.SEQUENCE_PROMOTE:
-        wrapper = _promote_wrapper(state, original, name, sequence=True)
-    elif policy is CastPolicy.MATCH_SELF:
-        wrapper = _match_self_wrapper(state, original, name)
-    elif policy is CastPolicy.INPLACE_FLOAT:
-        wrapper = _inplace_float_wrapper(state, original, name)
-    elif policy is CastPolicy.BANNED:
-        wrapper = _banned_wrapper(state, original, name)
-    else:  # pragma: no cover - the enum is closed
-        raise ValueError(f"unknown cast policy {policy}")
+    wrapper = native_wrapper(policy, state, original, name) or _python_wrapper(policy, state, original, name)
     return wrapt.FunctionWrapper(original, wrapper)

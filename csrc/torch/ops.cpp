@@ -22,10 +22,22 @@ TORCH_LIBRARY(apexlite, m) {
       "bool adam_w_mode, Tensor? grad_scale=None, Tensor? found_inf=None, bool unscale_grads=False) -> ()");
 }
 
+namespace apexlite {
+namespace o1 {
+int register_o1_types(PyObject* module);  // o1_cast_wrapper.cpp
+}  // namespace o1
+}  // namespace apexlite
+
 extern "C" {
-// `import apexlite._C` only needs to load this library so that the registrations above run.
+// `import apexlite._C` loads this library, so that the registrations above run, and adds the native
+// O1 cast types (CastCache, CastState, CastWrapper; see o1_casts.h).
 PyMODINIT_FUNC PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
+  PyObject* module = PyModule_Create(&module_def);
+  if (module != nullptr && apexlite::o1::register_o1_types(module) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
 }
 }

@@ -1,0 +1,105 @@
+"""Chooses, per session, between the native O1 cast path (apexlite._C) and the pure-Python one.
+
+The native path (csrc/torch/o1_*.cpp) runs the LOW_PRECISION, FLOAT, PROMOTE and SEQUENCE_PROMOTE
+wrappers, the cast cache and the cast switches in C++, with the semantics of wrappers.py, cache.py
+and cast_state.py, which remain the reference and the fallback: without the extension, or with
+APEXLITE_DISABLE_EXTENSION=1, sessions use them. wrapt installs and removes every patch either way;
+only the wrapper callable it holds differs. Banned, in-place and match-self wrappers stay in Python.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from apexlite._logging import get_logger
+from apexlite.amp.cache import CastCache
+from apexlite.amp.cast_state import CastState
+from apexlite.amp.policies import CastPolicy
+
+DISABLE_ENV = "APEXLITE_DISABLE_EXTENSION"
+# policy -> the code csrc/torch/o1_casts.h uses for it
+NATIVE_POLICIES = {CastPolicy.LOW_PRECISION: 0, CastPolicy.FLOAT: 1, CastPolicy.PROMOTE: 2,
+                   CastPolicy.SEQUENCE_PROMOTE: 3}
+
+log = get_logger("amp.casts")
+
+
+@functools.lru_cache(maxsize=None)
+def _native_module() -> Optional[Any]:
+    """apexlite._C when it was built with the O1 cast types, else None (imported once)."""
+    try:
+        import apexlite._C as compiled
+    except ImportError:
+        return None
+    return compiled if hasattr(compiled, "CastWrapper") else None
+
+
+def status() -> str:
+    """'native' or 'python (reason)': the path a new session's O1 wrappers take."""
+    if os.environ.get(DISABLE_ENV, "") == "1":
+        return f"python ({DISABLE_ENV}=1)"
+    if _native_module() is None:
+        return "python (apexlite._C is not built; build it with `pip install --no-build-isolation -e .`)"
+    return "native"
+
+
+def use_native() -> bool:
+    return status() == "native"
+
+
+@functools.lru_cache(maxsize=None)
+def _native_state_class() -> type:
+    compiled = _native_module()
+
+    class NativeCastState(compiled.CastState):  # type: ignore[misc,name-defined]
+        """CastState's interface over apexlite._C.CastState (whose fields the C++ wrappers read)."""
+
+        def __init__(self, low_dtype: torch.dtype, cache: Any, log_casts: bool = False,
+                     allow_banned: bool = False, use_cache: bool = True) -> None:
+            self.active = True
+            self.low_dtype = low_dtype
+            self.cache = cache
+            self.use_cache = use_cache
+            self.log_casts = log_casts
+            self.allow_banned = allow_banned
+
+        @property
+        def thread(self) -> "NativeCastState":
+            """What Python wrappers read `disabled_depth` from (per thread, in C++ storage)."""
+            return self
+
+        @contextlib.contextmanager
+        def disabled(self) -> Iterator[None]:
+            """Casts off for the current thread inside the block (nesting-safe, exception-safe)."""
+            self.push_disabled()
+            try:
+                yield
+            finally:
+                self.pop_disabled()
+
+        @staticmethod
+        def _log_cast(source: torch.dtype, target: torch.dtype, name: str) -> None:
+            log.debug("%s->%s (%s)", source, target, name)
+
+    return NativeCastState
+
+
+def make_cache_and_state(low_dtype: torch.dtype, native: Optional[bool] = None) -> tuple:
+    """(cache, cast state) of one session, native when available unless `native` says otherwise."""
+    if use_native() if native is None else native:
+        cache = _native_module().CastCache()
+        return cache, _native_state_class()(low_dtype, cache)
+    cache = CastCache()
+    return cache, CastState(low_dtype, cache)
+
+
+def native_wrapper(policy: CastPolicy, state: Any, original: Callable, name: str) -> Optional[Callable]:
+    """The C++ wrapper for `policy` when `state` is native and the policy is one it implements."""
+    compiled = _native_module()
+    if compiled is None or not isinstance(state, compiled.CastState) or policy not in NATIVE_POLICIES:
+        return None
+    return compiled.CastWrapper(NATIVE_POLICIES[policy], state, original, name)

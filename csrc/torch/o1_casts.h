@@ -1,0 +1,78 @@
+// Native hot path of apexlite's O1 casting wrappers (issue: per-call host cost at autocast's level).
+// Three Python types, registered on apexlite._C by register_o1_types():
+//   CastCache   - weight casts keyed by tensor identity and dtype (apexlite/amp/cache.py's rules)
+//   CastState   - the switches a session's wrappers read: active, low dtype, caching, per-thread "off"
+//   CastWrapper - the callable wrapt calls as (wrapped, instance, args, kwargs) for the LOW_PRECISION,
+//                 FLOAT, PROMOTE and SEQUENCE_PROMOTE policies (apexlite/amp/wrappers.py's semantics)
+// The pure-Python implementations stay the reference; tests run the O1 suite against both.
+#pragma once
+
+#include <torch/csrc/python_headers.h>
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <unordered_map>
+
+namespace apexlite {
+namespace o1 {
+
+// Policy codes shared with apexlite/amp/native_casts.py.
+enum Policy : int { kLowPrecision = 0, kFloat = 1, kPromote = 2, kSequencePromote = 3 };
+
+struct CacheKey {
+  const c10::TensorImpl* impl;
+  at::ScalarType dtype;
+  bool operator==(const CacheKey& other) const { return impl == other.impl && dtype == other.dtype; }
+};
+
+struct CacheKeyHash {
+  size_t operator()(const CacheKey& key) const {
+    return std::hash<const void*>()(key.impl) ^ (static_cast<size_t>(key.dtype) * 0x9E3779B97F4A7C15ull);
+  }
+};
+
+struct CacheEntry {
+  at::Tensor source;   // keeps the weight alive while its cast is cached (as the Python cache does)
+  int64_t version;     // source's autograd version counter at the cast
+  const void* address; // source's data pointer at the cast
+  at::Tensor cast;
+};
+
+struct CastCacheObject {
+  PyObject_HEAD
+  std::unordered_map<CacheKey, CacheEntry, CacheKeyHash>* entries;
+  int64_t casts;  // weight casts performed since reset_counters()
+  int64_t hits;
+};
+
+struct CastStateObject {
+  PyObject_HEAD
+  bool active;
+  at::ScalarType low_dtype;
+  bool use_cache;
+  bool log_casts;
+  bool allow_banned;
+  CastCacheObject* cache;  // owned reference
+  uint64_t id;             // key of this state's per-thread "casts off" depth
+  PyObject* dict;          // instance __dict__ (Python subclasses add methods)
+};
+
+extern PyTypeObject CastCacheType;
+extern PyTypeObject CastStateType;
+extern PyTypeObject CastWrapperType;
+
+// `tensor` converted to `dtype`, served from the cache when it is a valid weight entry.
+at::Tensor cached_cast(CastCacheObject* cache, PyObject* tensor_obj, const at::Tensor& tensor, at::ScalarType dtype);
+
+// The plain conversion every uncached cast uses (the same _to_copy and autograd node as Tensor.half()).
+at::Tensor convert(const at::Tensor& tensor, at::ScalarType dtype);
+
+// This thread's "casts off" depth for a state.
+int disabled_depth(const CastStateObject* state);
+
+// Adds CastCache, CastState and CastWrapper to `module`; returns 0, or -1 with a Python error set.
+int register_o1_types(PyObject* module);
+
+}  // namespace o1
+}  // namespace apexlite

@@ -27,3 +27,19 @@ def _torch_left_as_found():
     changed = sorted(key for key in before if before[key] is not after.get(key))
     assert not leaked_session, "test left an apexlite session active (call amp.deinitialize())"
     assert not changed, f"test left torch patched: {changed[:10]}"
+
+
+@pytest.fixture(params=["native", "python"])
+def cast_path(request, monkeypatch):
+    """Run an O1 test on the native cast path (apexlite._C) and on the pure-Python one.
+
+    Sessions choose their path when created; the "python" run makes them choose Python.
+    """
+    from apexlite.amp import native_casts
+
+    if request.param == "native":
+        if not native_casts.use_native():
+            pytest.skip(f"native O1 casts unavailable: {native_casts.status()}")
+    else:
+        monkeypatch.setattr(native_casts, "use_native", lambda: False)
+    return request.param

@@ -6,6 +6,8 @@ from torch.profiler import ProfilerActivity, profile
 from apexlite import amp
 from apexlite.amp.session import current_session
 
+pytestmark = pytest.mark.usefixtures("cast_path")  # native and pure-Python O1 casts
+
 
 def count_casts(fn):
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -154,7 +156,7 @@ def test_scale_loss_lets_backward_free_the_weight_casts(o1_model):
 
     model, opt = o1_model
     loss = _functional_forward(model, torch.randn(2, 6)).float().sum()
-    casts = [weakref.ref(entry[-1]) for entry in current_session().cache._entries.values()]
+    casts = [weakref.ref(entry[-1]) for entry in current_session().cache.entries()]
     assert len(casts) == 2 and all(ref() is not None for ref in casts)
     with amp.scale_loss(loss, opt) as scaled:
         assert len(current_session().cache) == 0

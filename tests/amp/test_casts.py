@@ -8,7 +8,10 @@ from apexlite import amp
 from apexlite.amp.lists import op_entries
 from apexlite.amp.patcher import resolve
 from apexlite.amp.policies import CastPolicy, map_tensors
+from apexlite.amp.session import current_session
 from tests.amp.cast_cases import CASES, SAMPLED_ELSEWHERE
+
+pytestmark = pytest.mark.usefixtures("cast_path")  # native and pure-Python O1 casts
 
 LOW_DTYPES = [torch.float16, torch.bfloat16]
 ENTRIES = [e for e in op_entries() if e.namespace not in SAMPLED_ELSEWHERE]
@@ -176,3 +179,18 @@ def test_disable_casts_restores_even_when_the_block_raises(o1):
         with amp.disable_casts():
             1 / 0
     assert torch.mm(a, a).dtype is torch.float16
+
+
+def test_sessions_take_the_cast_path_under_test(cast_path):
+    from apexlite.amp.native_casts import NATIVE_POLICIES, _native_module
+
+    amp.initialize(torch.nn.Linear(2, 2), opt_level="O1", verbosity=0)
+    try:
+        state = current_session().cast_state
+        native = _native_module() is not None and isinstance(state, _native_module().CastState)
+        assert native is (cast_path == "native")
+        wrapper = torch.nn.functional.linear._self_wrapper
+        assert (type(wrapper).__name__ == "CastWrapper") is (cast_path == "native")
+        assert CastPolicy.LOW_PRECISION in NATIVE_POLICIES
+    finally:
+        amp.deinitialize()

@@ -10,7 +10,8 @@ import torch
 
 from apexlite import amp
 
-pytestmark = pytest.mark.skipif(not hasattr(torch, "compile"), reason="needs torch.compile")
+pytestmark = [pytest.mark.usefixtures("cast_path"),  # native and pure-Python O1 casts
+              pytest.mark.skipif(not hasattr(torch, "compile"), reason="needs torch.compile")]
 
 
 class TwoBlocks(torch.nn.Module):
@@ -78,16 +79,50 @@ def test_compiled_training_equals_eager(opt_level, protect):
 
 @pytest.mark.skipif(not hasattr(getattr(torch, "compiler", None), "is_compiling"),
                     reason="torch < 2.3 cannot tell apexlite that it is being compiled")
-def test_disable_casts_breaks_the_graph_instead_of_keeping_casts():
+def test_disable_casts_inside_compiled_code_really_runs_without_casts():
     model = TwoBlocks(protect=True)
     amp.initialize(model, opt_level="O1", dtype=torch.bfloat16, verbosity=0)
     try:
-        explanation = torch._dynamo.explain(model)(torch.randn(2, 16))
-        compiled = torch.compile(model, backend="aot_eager")(torch.randn(2, 16))
+        x = torch.randn(2, 16)
+        explanation = torch._dynamo.explain(model)(x)
+        compiled = torch.compile(model, backend="aot_eager")(x)
+        eager = model(x)
     finally:
         amp.deinitialize()
-    assert explanation.graph_break_count >= 1
-    assert compiled.dtype == torch.float32  # the protected Linear ran with casts off
+    # the block is not traced with the casts baked in: dynamo breaks the graph there (Python path) or
+    # runs the rest of the frame eagerly (native path: its switch is not traceable)
+    assert explanation.graph_break_count >= 1 or explanation.break_reasons
+    assert compiled.dtype == torch.float32 and torch.equal(compiled, eager)
+
+
+def _graph_breaks(model_factory, native: bool, monkeypatch) -> int:
+    from apexlite.amp import native_casts
+
+    monkeypatch.setattr(native_casts, "use_native", lambda: native)
+    torch._dynamo.reset()
+    model = model_factory()
+    amp.initialize(model, opt_level="O1", dtype=torch.bfloat16, verbosity=0)
+    try:
+        return torch._dynamo.explain(model)(torch.randn(2, 16)).graph_break_count
+    finally:
+        amp.deinitialize()
+
+
+MODELS = {
+    "mlp": lambda: torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.GELU(), torch.nn.Linear(8, 4)),
+    "two_blocks": lambda: TwoBlocks(protect=False),
+    "two_blocks_protected": lambda: TwoBlocks(protect=True),
+    "attention": lambda: torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, batch_first=True),
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_native_path_adds_no_graph_breaks(name, cast_path, monkeypatch):
+    if cast_path != "native":
+        pytest.skip("compares both paths itself; runs once")
+    python_breaks = _graph_breaks(MODELS[name], False, monkeypatch)
+    native_breaks = _graph_breaks(MODELS[name], True, monkeypatch)
+    assert native_breaks <= python_breaks
 
 
 def test_compiled_module_recompiles_after_deinitialize():

@@ -17,6 +17,8 @@ from apexlite.amp.patcher import resolve
 from apexlite.amp.session import current_session
 from tests._helpers.torch_snapshot import snapshot_patch_targets, unchanged_since
 
+pytestmark = pytest.mark.usefixtures("cast_path")  # native and pure-Python O1 casts
+
 LEVELS = ("O0", "O1", "O2", "O3")
 
 

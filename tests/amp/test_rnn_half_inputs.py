@@ -9,6 +9,8 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 from apexlite import amp
 
+pytestmark = pytest.mark.usefixtures("cast_path")  # native and pure-Python O1 casts
+
 RNNS = [
     (torch.nn.RNN, dict(nonlinearity="relu")), (torch.nn.RNN, dict(nonlinearity="tanh", num_layers=2)),
     (torch.nn.GRU, dict(num_layers=2, bidirectional=True)), (torch.nn.LSTM, {}),

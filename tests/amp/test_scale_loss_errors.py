@@ -13,6 +13,8 @@ import torch
 from apexlite import amp
 from apexlite.amp.session import current_session
 
+pytestmark = pytest.mark.usefixtures("cast_path")  # native and pure-Python O1 casts
+
 LEVELS = [("O1", "sgd"), ("O2", "sgd"), ("O2", "fused_adam"), ("O3", "sgd")]
 
 

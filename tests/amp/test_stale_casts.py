@@ -11,6 +11,8 @@ import torch
 
 from apexlite import amp
 
+pytestmark = pytest.mark.usefixtures("cast_path")  # native and pure-Python O1 casts
+
 DTYPE = torch.bfloat16
 
 

@@ -6,9 +6,12 @@ one model failed with a dtype mismatch (the optimizer step's internal switch lea
 """
 import threading
 
+import pytest
 import torch
 
 from apexlite import amp
+
+pytestmark = pytest.mark.usefixtures("cast_path")  # native and pure-Python O1 casts
 
 DTYPE = torch.bfloat16
 

@@ -7,6 +7,8 @@ from apexlite.amp.handle import AmpHandle, NoOpHandle, OptimWrapper
 from apexlite.amp.session import current_session
 from apexlite.compat.hook import apex_aliases
 
+pytestmark = pytest.mark.usefixtures("cast_path")  # native and pure-Python O1 casts
+
 
 @pytest.fixture
 def amp():

@@ -25,7 +25,7 @@ SOURCES = ("cuda/fused_adam.cu", "cuda/host_emulation_entry.cpp")
 # -ffp-contract=off as setup.py's CPU kernel flags: no fused multiply-adds, so every float operation
 # rounds as written and the two host builds can be compared bit for bit.
 FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-DAPEXLITE_CUDA_HOST_EMULATION",
-         "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas")
+         "-Wall", "-Wextra", "-Wno-unknown-pragmas")
 KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # apexlite::cuda::FloatKind
 LAUNCH_LOG_CAPACITY = 1 << 16
 

@@ -7,6 +7,7 @@ synchronisation in any FusedAdam step (``torch.cuda.set_sync_debug_mode("error")
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import pytest
@@ -39,13 +40,15 @@ def cuda_kernel():
         pytest.skip(f"CUDA kernel not built ({_ext.kernel_detail('cuda')})")
 
 
-@pytest.fixture
-def no_sync():
-    """Fails the test on any host synchronisation with the device."""
+@contextlib.contextmanager
+def no_host_sync():
+    """Any host synchronisation with the device inside the block raises."""
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
-    yield
-    torch.cuda.set_sync_debug_mode(previous)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 def _lists(numels, combo, device="cpu"):
@@ -99,14 +102,14 @@ def test_cuda_kernel_packing_updates_every_element_once(cuda_kernel, name):
 
 
 @pytest.mark.parametrize("found_inf", [1.0, 2.0])
-def test_cuda_kernel_skips_on_device_flag_without_sync(cuda_kernel, no_sync, found_inf):
+def test_cuda_kernel_skips_on_device_flag_without_sync(cuda_kernel, found_inf):
     combo = (torch.float32, torch.float16, torch.float32, torch.float16)
     lists = _lists([3, 70_000], combo, "cuda")
     before = [[t.clone() for t in lst] for lst in lists]
-    flag = torch.full((1,), found_inf, device="cuda")
-    torch.ops.apexlite.fused_adam_(*lists, **HYPER, adam_w_mode=True, grad_scale=torch.full((1,), 8.0, device="cuda"),
-                                   found_inf=flag, unscale_grads=True)
-    torch.cuda.set_sync_debug_mode("default")
+    flag, scale = torch.full((1,), found_inf, device="cuda"), torch.full((1,), 8.0, device="cuda")
+    with no_host_sync():
+        torch.ops.apexlite.fused_adam_(*lists, **HYPER, adam_w_mode=True, grad_scale=scale, found_inf=flag,
+                                       unscale_grads=True)
     for got_list, want_list in zip(lists, before):
         assert all(torch.equal(a, b) for a, b in zip(got_list, want_list))
 
@@ -124,7 +127,7 @@ def test_torch_fused_path_on_cuda_matches_reference(combo):
 
 @pytest.mark.parametrize("implementation", ["kernel", "torch"])
 @pytest.mark.parametrize("master_weights", [False, True])
-def test_fused_adam_step_never_syncs(implementation, master_weights, no_sync):
+def test_fused_adam_step_never_syncs(implementation, master_weights):
     if implementation == "kernel" and not _ext.kernels_available("cuda"):
         pytest.skip("CUDA kernel not built")
     dtype = torch.bfloat16 if master_weights else torch.float32
@@ -135,6 +138,6 @@ def test_fused_adam_step_never_syncs(implementation, master_weights, no_sync):
             p.grad = torch.randn_like(p) * 1024
         opt.grad_scale = torch.full((1,), 1024.0, device="cuda")
         opt.found_inf = torch.full((1,), float(step == 1), device="cuda")  # the middle step is skipped
-        opt.step()
-    torch.cuda.set_sync_debug_mode("default")
+        with no_host_sync():
+            opt.step()
     assert all(float(opt.state[p]["step"]) == 2.0 for p in params)

@@ -58,13 +58,17 @@ TABLE: Tuple[ApiStatus, ...] = (
               "models may live on any device; O1 patches an updated op list (see MIGRATION.md); calling it again "
               "adds or replaces models/optimizers as apex allowed and amp.deinitialize() undoes every call; "
               "APEXLITE_OPT_LEVEL / APEXLITE_DTYPE may override opt_level and the fp16 dtype"),
-    ApiStatus("apex.amp.scale_loss", SUPPORTED),
+    ApiStatus("apex.amp.scale_loss", DIFFERS,
+              "an exception inside the block leaves unscaled grads and the scaler unchanged; "
+              "delay_overflow_check is accepted and ignored (the check always runs); the dynamic scale has a "
+              "floor of 2**-24 and a loss that stays inf/NaN stops the run with NonFiniteLossError"),
     ApiStatus("apex.amp.master_params", SUPPORTED),
     ApiStatus("apex.amp.state_dict", SUPPORTED),
     ApiStatus("apex.amp.load_state_dict", DIFFERS,
               "also accepts a torch.amp.GradScaler state dict; a loss scale that is not a finite positive number "
               "is rejected"),
-    ApiStatus("apex.amp.disable_casts", DIFFERS, "casts are restored even when the block raises"),
+    ApiStatus("apex.amp.disable_casts", DIFFERS,
+              "per thread (other threads keep casting); casts are restored even when the block raises"),
     *_rows(SUPPORTED, "", ["apex.amp.half_function", "apex.amp.float_function", "apex.amp.promote_function",
                            "apex.amp.register_half_function", "apex.amp.register_float_function",
                            "apex.amp.register_promote_function", "apex.amp._amp_state"]),

@@ -46,7 +46,8 @@ def _statuses(source):
 
 def test_scan_classifies_supported_differs_and_unsupported():
     rows = _statuses(SAMPLE)
-    assert rows["apex.amp.scale_loss"] == ([13], "supported")
+    assert rows["apex.amp.scale_loss"][0] == [13] and rows["apex.amp.scale_loss"][1].startswith("differs: ")
+    assert rows["apex.amp.init"] == ([17], "supported")
     assert rows["apex.amp.initialize"][1].startswith("differs: ")
     assert rows["apex.amp.initialize"][0] == [12]  # found through the `import apex.amp as A` alias
     assert rows["apex.parallel.DistributedDataParallel"][0] == [5, 20]
@@ -197,7 +198,7 @@ def test_cli_reads_without_executing_and_sets_exit_status(tmp_path):
                             text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 1  # unsupported APIs present
     assert not (tmp_path / "legacy.py.ran").exists()
-    assert "apex.amp.scale_loss" in result.stdout and "line 13: supported" in result.stdout
+    assert "apex.amp.init" in result.stdout and "line 17: supported" in result.stdout
     assert "unsupported" in result.stdout
 
 

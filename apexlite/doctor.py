@@ -3,7 +3,8 @@
 Reports the torch and CUDA versions, whether a GPU is visible and if its bfloat16 is native or
 emulated, and which FusedAdam path each device type gets (apexlite's compiled kernel, installed or
 JIT-built; torch's fused Adam ops; or the pure-torch reference), with the reason when it is not the
-compiled kernel. Running it loads the kernels (and JIT-builds them where needed, once).
+compiled kernel, and whether O1's casting wrappers run in C++ (apexlite._C) or in Python. Running it
+loads the kernels (and JIT-builds them where needed, once).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from apexlite import _ext
+from apexlite.amp import native_casts
 from apexlite.optimizers import _torch_fused
 
 
@@ -78,7 +80,7 @@ def report() -> List[Tuple[str, str]]:
         ("nvcc", nvcc if nvcc and os.path.exists(nvcc) else "not found"),
         (_ext.DISABLE_ENV, os.environ.get(_ext.DISABLE_ENV, "unset")),
     ]
-    return rows + _fused_adam_paths(_ext.status())
+    return rows + _fused_adam_paths(_ext.status()) + [("O1 casts", native_casts.status())]
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -215,10 +215,12 @@ def test_json_is_strict_non_finite_values_become_null(tmp_path):
                                                       (1.0, 1.0, [9.0, 10.0, 13.0], ["spread"])])
 def test_loaded_machine_and_noisy_timings_are_flagged(load, iqr, repeats, flagged):
     row = {"opt_level": "O1", "dtype": "float16", "step_time_ms": 10.0, "step_time_ms_iqr": iqr,
-           "step_time_ms_repeats": repeats}
+           "step_time_ms_repeats": repeats, "repeats": len(repeats)}
     notes = report.load_notes([row], peak_load=load, cores=2)
     assert ("loaded" in flagged) == any("load average up to" in note for note in notes)
     assert ("spread" in flagged) == any("spread above 20% of the median: O1 float16" in note for note in notes)
+    if flagged:  # the advice does not suggest repeats to a sweep that already repeated
+        assert notes[-1].endswith("idle machine" if len(repeats) > 1 else "or with --repeats 3")
 
 
 def test_every_run_gets_its_own_line_style_and_marker():

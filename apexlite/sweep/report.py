@@ -85,7 +85,9 @@ def load_notes(rows: List[Dict[str, Any]], peak_load: float, cores: int) -> List
     if noisy:
         notes.append(f"step-time spread above {NOISY_SPREAD:.0%} of the median: {', '.join(noisy)}")
     if notes:
-        notes.append("timings may not be reliable: re-run on an idle machine, or with --repeats 3")
+        repeated = any((row.get("repeats") or 1) > 1 for row in rows)
+        notes.append("timings may not be reliable: re-run on an idle machine"
+                     + ("" if repeated else ", or with --repeats 3"))
     return notes
 
 

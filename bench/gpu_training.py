@@ -16,21 +16,10 @@ import torch.nn.functional as F
 
 from apexlite import amp
 from apexlite.optimizers import FusedAdam
+from bench.bench_opt_levels import TinyTransformer
 
 D_MODEL, HEADS, LAYERS, SEQ, BATCH, VOCAB = 512, 8, 4, 256, 16, 8192
 LOW_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-class SmallTransformer(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, D_MODEL)
-        layer = torch.nn.TransformerEncoderLayer(D_MODEL, HEADS, 4 * D_MODEL, dropout=0.0, batch_first=True)
-        self.encoder = torch.nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
-        self.head = torch.nn.Linear(D_MODEL, VOCAB)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(self.embed(tokens)))
 
 
 def _data() -> Tuple[torch.Tensor, torch.Tensor]:
@@ -95,7 +84,7 @@ def _time(step: Callable[[], None], steps: int) -> float:
 def o1_vs_autocast(rounds: int, steps: int) -> Dict[str, Dict[str, float]]:
     """{dtype: {"autocast ms", "O1 ms", "O1 / autocast"}}; apexlite is initialized only around its own block."""
     torch.manual_seed(0)
-    base = SmallTransformer().cuda()
+    base = TinyTransformer(D_MODEL, HEADS, LAYERS, VOCAB).cuda()  # bench_opt_levels' model, GPU size
     results = {}
     for name, dtype in LOW_DTYPES.items():
         times: Dict[str, List[float]] = {"autocast": [], "O1": []}
@@ -122,7 +111,7 @@ def o1_vs_autocast(rounds: int, steps: int) -> Dict[str, Dict[str, float]]:
 def peak_memory(steps: int = 3) -> Dict[str, float]:
     """Peak MiB a variant allocates over a few steps (its model copy, optimizer state, activations, grads)."""
     torch.manual_seed(0)
-    base = SmallTransformer().cuda()
+    base = TinyTransformer(D_MODEL, HEADS, LAYERS, VOCAB).cuda()  # bench_opt_levels' model, GPU size
     variants = {"O0": ("O0", torch.bfloat16, False), "O1 bf16": ("O1", torch.bfloat16, False),
                 "O2 bf16": ("O2", torch.bfloat16, False), "O2 bf16 + FusedAdam": ("O2", torch.bfloat16, True),
                 "O3 bf16": ("O3", torch.bfloat16, False), "autocast bf16": None}

@@ -200,7 +200,10 @@ class AmpOptimizer:
             return None
         self.grads.before_step()
         try:
-            with self.session.casts_disabled():  # the update itself runs in the params' own dtypes
+            if self.session.cast_state.active:  # O1: the update itself runs in the params' own dtypes
+                with self.session.casts_disabled():
+                    result = self._original_step(*args, **kwargs)
+            else:
                 result = self._original_step(*args, **kwargs)
         except BaseException:
             self.grads.finish_step()

@@ -22,17 +22,34 @@ class _ThreadSwitches(threading.local):
     disabled_depth = 0  # > 0 while this thread is inside a casts-off block
 
 
-class CastState:
-    """O1 switches of one session: process-wide options plus per-thread "casts off" blocks."""
+class CastSwitches:
+    """What both cast states share: the options, and `disabled()` over the state's own push/pop."""
 
-    def __init__(self, low_dtype: torch.dtype, cache: Any, log_casts: bool = False,
-                 allow_banned: bool = False, use_cache: bool = True) -> None:
+    def _set_options(self, low_dtype: torch.dtype, cache: Any, log_casts: bool, allow_banned: bool,
+                     use_cache: bool) -> None:
         self.active = True
         self.low_dtype = low_dtype
         self.cache = cache
         self.use_cache = use_cache
         self.log_casts = log_casts
         self.allow_banned = allow_banned
+
+    @contextlib.contextmanager
+    def disabled(self) -> Iterator[None]:
+        """Casts off for the current thread inside the block (nesting-safe, exception-safe)."""
+        self.push_disabled()
+        try:
+            yield
+        finally:
+            self.pop_disabled()
+
+
+class CastState(CastSwitches):
+    """O1 switches of one session: process-wide options plus per-thread "casts off" blocks."""
+
+    def __init__(self, low_dtype: torch.dtype, cache: Any, log_casts: bool = False,
+                 allow_banned: bool = False, use_cache: bool = True) -> None:
+        self._set_options(low_dtype, cache, log_casts, allow_banned, use_cache)
         self.thread = _ThreadSwitches()
 
     @property
@@ -40,12 +57,8 @@ class CastState:
         """True when casts apply to calls made by the current thread."""
         return self.active and not self.thread.disabled_depth
 
-    @contextlib.contextmanager
-    def disabled(self) -> Iterator[None]:
-        """Casts off for the current thread inside the block (nesting-safe, exception-safe)."""
-        thread = self.thread
-        thread.disabled_depth += 1
-        try:
-            yield
-        finally:
-            thread.disabled_depth -= 1
+    def push_disabled(self) -> None:
+        self.thread.disabled_depth += 1
+
+    def pop_disabled(self) -> None:
+        self.thread.disabled_depth -= 1

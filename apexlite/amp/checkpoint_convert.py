@@ -63,20 +63,3 @@ def copy_masters_into_params(pairs: List[Any], optimizer: Any) -> None:
                 if state and "master_param" in state and not getattr(optimizer, "master_weights", False):
                     param.copy_(state.pop("master_param").to(param.device))
 
-
-def check_state_shapes(optimizer: Any, state_dict: Dict[str, Any]) -> None:
-    """Per-param state tensors in a checkpoint must have their param's shape (or be scalars): a
-    wrong-shaped master or moment could otherwise be broadcast into place without any error."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    ids = [pid for group in state_dict.get("param_groups", []) for pid in group.get("params", [])]
-    by_id = dict(zip(ids, params))
-    for pid, state in state_dict.get("state", {}).items():
-        param = by_id.get(pid)
-        if param is None or not isinstance(state, dict):
-            continue
-        for key, value in state.items():
-            if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
-                raise AmpUsageError(
-                    f"optimizer checkpoint state[{pid!r}][{key!r}] has shape {tuple(value.shape)} but its param has "
-                    f"shape {tuple(param.shape)}: the checkpoint was saved from a different model."
-                )

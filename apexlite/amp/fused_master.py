@@ -23,7 +23,6 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from apexlite.amp.amp_optimizer import PlainGrads, optimizer_params
-from apexlite.amp.checkpoint_convert import check_state_shapes
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.master import LOW_PRECISION, MASTERS_KEY, check_saved_masters
 from apexlite.amp.patcher import Patcher
@@ -200,8 +199,7 @@ class FusedMasterGrads:
         state_dict = dict(state_dict)
         saved = state_dict.pop(MASTERS_KEY, None)
         halves = self._half_params()
-        check_state_shapes(self.optimizer, state_dict)  # before anything is loaded
-        if saved is not None:
+        if saved is not None:  # before anything is loaded (FusedAdam checks its per-param state itself)
             check_saved_masters(saved, halves)
         self._load_state_dict(state_dict)
         if saved is None:

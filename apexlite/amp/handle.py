@@ -22,6 +22,7 @@ from apexlite.amp.opt_levels import resolve_properties
 from apexlite.amp.registry import PendingRegistrations
 from apexlite.amp.scale_loss import scaled_backward
 from apexlite.amp.session import AmpSession, SessionOptions, current_session
+from apexlite.amp.transaction import InitializeTransaction
 
 WRAPPED_SCALE_LOSS_MESSAGE = ("After calling `handle.wrap_optimizer()`, you must explicitly use "
                               "`optimizer.scale_loss(loss)`.")
@@ -204,21 +205,19 @@ def init(enabled: bool = True, loss_scale: Any = "dynamic", enable_caching: bool
     properties = resolve_properties("O1", dtype, {"loss_scale": loss_scale})
     existing = current_session(required=False)
     session = existing if existing is not None else AmpSession()
-    if existing is None:
-        session.configure(SessionOptions(properties, dtype, verbosity=2 if verbose else 0))
-    state = session.cast_state
-    previous = (state.use_cache, state.allow_banned, state.log_casts)
-    state.use_cache, state.allow_banned, state.log_casts = bool(enable_caching), bool(allow_banned), bool(verbose)
-    registrations = PendingRegistrations.take()
+    transaction = InitializeTransaction(session, [], [])  # all-or-nothing, as initialize
     try:
-        set_o1_patches(session, True, registrations)
-        handle = AmpHandle(session, properties.loss_scale)
+        if existing is None:
+            session.configure(SessionOptions(properties, dtype, verbosity=2 if verbose else 0))
+        state = session.cast_state
+        state.use_cache, state.allow_banned, state.log_casts = bool(enable_caching), bool(allow_banned), bool(verbose)
+        transaction.taken_registrations = PendingRegistrations.take()
+        set_o1_patches(session, True, transaction.taken_registrations)
+        session.handle = AmpHandle(session, properties.loss_scale)
     except BaseException:
-        PendingRegistrations.put_back(registrations)
-        state.use_cache, state.allow_banned, state.log_casts = previous
+        transaction.rollback()
         if existing is None:
             session.close()
         raise
-    session.handle = handle
     session.publish()
-    return handle
+    return session.handle

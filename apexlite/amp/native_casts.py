@@ -8,16 +8,15 @@ only the wrapper callable it holds differs. Banned, in-place and match-self wrap
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from apexlite._logging import get_logger
 from apexlite.amp.cache import CastCache
-from apexlite.amp.cast_state import CastState
+from apexlite.amp.cast_state import CastState, CastSwitches
 from apexlite.amp.policies import CastPolicy
 
 DISABLE_ENV = "APEXLITE_DISABLE_EXTENSION"
@@ -55,31 +54,18 @@ def use_native() -> bool:
 def _native_state_class() -> type:
     compiled = _native_module()
 
-    class NativeCastState(compiled.CastState):  # type: ignore[misc,name-defined]
-        """CastState's interface over apexlite._C.CastState (whose fields the C++ wrappers read)."""
+    class NativeCastState(CastSwitches, compiled.CastState):  # type: ignore[misc,name-defined]
+        """CastState's interface over apexlite._C.CastState (whose fields the C++ wrappers read; its
+        push/pop_disabled and `enabled` keep the per-thread depth in C++)."""
 
         def __init__(self, low_dtype: torch.dtype, cache: Any, log_casts: bool = False,
                      allow_banned: bool = False, use_cache: bool = True) -> None:
-            self.active = True
-            self.low_dtype = low_dtype
-            self.cache = cache
-            self.use_cache = use_cache
-            self.log_casts = log_casts
-            self.allow_banned = allow_banned
+            self._set_options(low_dtype, cache, log_casts, allow_banned, use_cache)
 
         @property
         def thread(self) -> "NativeCastState":
             """What Python wrappers read `disabled_depth` from (per thread, in C++ storage)."""
             return self
-
-        @contextlib.contextmanager
-        def disabled(self) -> Iterator[None]:
-            """Casts off for the current thread inside the block (nesting-safe, exception-safe)."""
-            self.push_disabled()
-            try:
-                yield
-            finally:
-                self.pop_disabled()
 
         @staticmethod
         def _log_cast(source: torch.dtype, target: torch.dtype, name: str) -> None:

@@ -106,15 +106,20 @@ def restore_value(key: str, value: torch.Tensor, param: torch.Tensor, moment_dty
     return value.detach().to(device=param.device, dtype=dtype or value.dtype, copy=True)
 
 
-def check_checkpoint_masters(saved_state: Dict, params_by_id: Dict) -> None:
-    """Rejects, before anything is loaded, checkpointed masters whose shape is not their param's."""
+def check_checkpoint_shapes(saved_state: Dict, params_by_id: Dict) -> None:
+    """Rejects, before anything is loaded, a checkpointed master or moment whose shape is not its param's
+    (copying it into place would broadcast it without an error)."""
     for pid, saved in saved_state.items():
-        master, param = saved.get("master_param"), params_by_id.get(pid)
-        if torch.is_tensor(master) and param is not None and master.shape != param.shape:
-            raise ValueError(
-                f"checkpoint state {pid} holds a master weight of shape {tuple(master.shape)} for a param of "
-                f"shape {tuple(param.shape)}: the checkpoint comes from another model or param-group layout."
-            )
+        param = params_by_id.get(pid)
+        if param is None or not isinstance(saved, dict):
+            continue
+        for key, value in saved.items():
+            if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
+                what = "master weight" if key == "master_param" else key
+                raise ValueError(
+                    f"checkpoint state {pid} holds a {what} of shape {tuple(value.shape)} for a param of "
+                    f"shape {tuple(param.shape)}: the checkpoint comes from another model or param-group layout."
+                )
 
 
 def hand_master_to_fp32_param(param: torch.Tensor, state: dict) -> bool:

@@ -218,7 +218,7 @@ class FusedAdam(ApexStyleOptimizer):
         ids = [pid for group in state_dict["param_groups"] for pid in group["params"]]
         params = [p for group in self.param_groups for p in group["params"]]
         by_id = dict(zip(ids, params))
-        adam_state.check_checkpoint_masters(state_dict["state"], by_id)
+        adam_state.check_checkpoint_shapes(state_dict["state"], by_id)
         super().load_state_dict(state_dict)
         handed_over = 0
         for pid, saved in state_dict["state"].items():

@@ -60,6 +60,17 @@ def test_master_of_another_shape_is_rejected_before_anything_loads():
     assert not opt.state and torch.equal(params[0].detach(), before)
 
 
+def test_moment_of_another_shape_is_rejected_before_anything_loads():
+    """A (1,)-shaped moment would otherwise broadcast into place without any error."""
+    params = fp32_leaves([torch.randn(6)])
+    opt = FusedAdam(params)
+    bad = {"state": {0: {"step": torch.tensor(2.0), "exp_avg": torch.ones(1), "exp_avg_sq": torch.zeros(6)}},
+           "param_groups": [dict(opt.param_groups[0], params=[0])]}
+    with pytest.raises(ValueError, match=r"exp_avg of shape \(1,\) for a param of shape \(6,\)"):
+        opt.load_state_dict(bad)
+    assert not opt.state
+
+
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
 
-from apexlite.amp.lists import TABLES
-from apexlite.amp.policies import CastPolicy
+from apexlite.amp.o1.lists import TABLES
+from apexlite.amp.o1.policies import CastPolicy
 from apexlite.compat.hook import UNSUPPORTED_AREAS
 
 SUPPORTED = "supported"

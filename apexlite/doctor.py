@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from apexlite import _ext
-from apexlite.amp import native_casts
+from apexlite.amp.o1 import native_casts
 from apexlite.optimizers import _torch_fused
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from apexlite import amp
-from apexlite.amp import native_casts
+from apexlite.amp.o1 import native_casts
 from apexlite.amp.session import current_session
 from bench.report import replace_block
 

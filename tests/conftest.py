@@ -35,7 +35,7 @@ def cast_path(request, monkeypatch):
 
     Sessions choose their path when created; the "python" run makes them choose Python.
     """
-    from apexlite.amp import native_casts
+    from apexlite.amp.o1 import native_casts
 
     if request.param == "native":
         if not native_casts.use_native():

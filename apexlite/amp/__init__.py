@@ -4,7 +4,7 @@ from apexlite.amp.frontend import (
     deinitialize, initialize, load_state_dict, master_params, state_dict,
 )
 from apexlite.amp.legacy_state import legacy_flags as _amp_state
-from apexlite.amp.registry import (
+from apexlite.amp.o1.registry import (
     float_function, half_function, promote_function, register_float_function,
     register_half_function, register_promote_function,
 )

@@ -14,7 +14,7 @@ import torch
 from apexlite._logging import get_logger
 from apexlite.amp.checkpoint_convert import copy_masters_into_params, take_masters_for_params
 from apexlite.amp.errors import AmpUsageError, AmpStateError
-from apexlite.amp.patcher import Patcher
+from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.scaler import LossScaler
 
 log = get_logger("amp")

@@ -16,12 +16,12 @@ from apexlite.amp.fused_master import FusedMasterGrads, supports_fused_master_st
 from apexlite.amp.legacy_state import legacy_flags
 from apexlite.amp.master import MasterParams
 from apexlite.amp.model_cast import cast_model, install_forward_scope, install_io_casts
-from apexlite.amp.o1_patches import set_o1_patches
+from apexlite.amp.o1.patches import set_o1_patches
 from apexlite.amp.opt_levels import (
     LOW_PRECISION_DTYPES, OPT_LEVELS, Properties, banner, resolve_properties,
     unknown_opt_level_message,
 )
-from apexlite.amp.registry import PendingRegistrations
+from apexlite.amp.o1.registry import PendingRegistrations
 from apexlite.amp.scaler import parse_scaler_state
 from apexlite.amp.session import (
     DEFAULT_MAX_NONFINITE_LOSSES, AmpSession, ForwardScopeEnd, ForwardScopeStart, SessionOptions, current_session, log,

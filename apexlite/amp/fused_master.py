@@ -25,7 +25,7 @@ import torch
 from apexlite.amp.amp_optimizer import PlainGrads, optimizer_params
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.master import LOW_PRECISION, MASTERS_KEY, check_saved_masters
-from apexlite.amp.patcher import Patcher
+from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.scaler import LossScaler
 
 

@@ -17,9 +17,9 @@ import torch
 
 from apexlite.amp.amp_optimizer import AmpOptimizer, PlainGrads
 from apexlite.amp.errors import AmpUsageError
-from apexlite.amp.o1_patches import set_o1_patches
+from apexlite.amp.o1.patches import set_o1_patches
 from apexlite.amp.opt_levels import resolve_properties
-from apexlite.amp.registry import PendingRegistrations
+from apexlite.amp.o1.registry import PendingRegistrations
 from apexlite.amp.scale_loss import scaled_backward
 from apexlite.amp.session import AmpSession, SessionOptions, current_session
 from apexlite.amp.transaction import InitializeTransaction

@@ -22,7 +22,7 @@ from apexlite.amp.amp_optimizer import PlainGrads, optimizer_params
 from apexlite.amp.checkpoint_convert import MASTERS_KEY
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.errors import AmpUsageError
-from apexlite.amp.patcher import Patcher
+from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.scaler import LossScaler
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)

@@ -12,8 +12,8 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from apexlite.amp.patcher import Patcher
-from apexlite.amp.policies import map_tensors
+from apexlite.amp.o1.patcher import Patcher
+from apexlite.amp.o1.policies import map_tensors
 
 
 def _cast_floating(dtype: torch.dtype):

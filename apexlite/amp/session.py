@@ -19,11 +19,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import torch
 
 from apexlite._logging import get_logger, is_rank_zero
-from apexlite.amp.cache import tracing
-from apexlite.amp.native_casts import make_cache_and_state
+from apexlite.amp.o1.cache import tracing
+from apexlite.amp.o1.native_casts import make_cache_and_state
 from apexlite.amp.errors import AmpStateError
 from apexlite.amp.opt_levels import Properties
-from apexlite.amp.patcher import Patcher
+from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.scaler import LossScaler, OverflowSync
 from apexlite.amp.telemetry import RunStats, telemetry_requested, track_session
 

@@ -14,8 +14,8 @@ from typing import Any, Dict, List
 import torch
 
 from apexlite.amp.model_cast import UndoLog, restore_networks
-from apexlite.amp.o1_patches import patch_torch_functions
-from apexlite.amp.registry import PendingRegistrations
+from apexlite.amp.o1.patches import patch_torch_functions
+from apexlite.amp.o1.registry import PendingRegistrations
 
 
 class _OptimizerSnapshot:

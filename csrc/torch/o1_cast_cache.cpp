@@ -1,4 +1,4 @@
-// apexlite._C.CastCache: the native twin of apexlite/amp/cache.py (same rules, see its NOTE).
+// apexlite._C.CastCache: the native twin of apexlite/amp/o1/cache.py (same rules, see its NOTE).
 // A weight (a leaf that requires grad, or a Parameter) is cast once and served again while its version
 // counter and data pointer are unchanged; a cast made without grad is not served where grad is needed;
 // nothing is cached under inference mode or while a dispatch mode traces (torch.compile, make_fx) or
@@ -202,7 +202,7 @@ PyTypeObject CastCacheType = [] {
   type.tp_name = "apexlite._C.CastCache";
   type.tp_basicsize = sizeof(CastCacheObject);
   type.tp_flags = Py_TPFLAGS_DEFAULT;
-  type.tp_doc = "Weight casts keyed by tensor identity and dtype (apexlite/amp/cache.py's rules, in C++).";
+  type.tp_doc = "Weight casts keyed by tensor identity and dtype (apexlite/amp/o1/cache.py's rules, in C++).";
   type.tp_new = cache_new;
   type.tp_dealloc = cache_dealloc;
   type.tp_methods = cache_methods;

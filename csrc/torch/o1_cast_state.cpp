@@ -1,4 +1,4 @@
-// apexlite._C.CastState: the switches of one session's O1 wrappers (apexlite/amp/cast_state.py's NOTE).
+// apexlite._C.CastState: the switches of one session's O1 wrappers (apexlite/amp/o1/cast_state.py's NOTE).
 // `active` and the options are per session; "casts off" blocks are a per-thread depth, kept here in
 // thread-local storage keyed by the state's id, so the native wrappers read it without Python.
 #include <torch/csrc/Dtype.h>

@@ -1,6 +1,6 @@
 // apexlite._C.CastWrapper: what wrapt calls as wrapper(wrapped, instance, args, kwargs) for the
 // LOW_PRECISION, FLOAT, PROMOTE and SEQUENCE_PROMOTE policies. The semantics are those of
-// apexlite/amp/wrappers.py and policies.py, line for line:
+// apexlite/amp/o1/wrappers.py and policies.py, line for line:
 // - only float32/float16/bfloat16 tensors are cast (never float64, integer or bool ones);
 // - lists, tuples (namedtuples keep their type), dicts are walked and rebuilt; other values pass as they are;
 // - LOW_PRECISION casts to the state's low dtype through the cache, FLOAT to float32 without it;
@@ -63,7 +63,7 @@ struct Caster {
     return py::reinterpret_steal<py::object>(THPVariable_Wrap(convert(value, dtype)));
   }
 
-  // apexlite.amp.policies.map_tensors with this cast.
+  // apexlite.amp.o1.policies.map_tensors with this cast.
   py::object map(PyObject* value) const {
     if (THPVariable_Check(value)) return tensor(value);
     if (PyList_Check(value)) {

@@ -1,9 +1,9 @@
 // Native hot path of apexlite's O1 casting wrappers (issue: per-call host cost at autocast's level).
 // Three Python types, registered on apexlite._C by register_o1_types():
-//   CastCache   - weight casts keyed by tensor identity and dtype (apexlite/amp/cache.py's rules)
+//   CastCache   - weight casts keyed by tensor identity and dtype (apexlite/amp/o1/cache.py's rules)
 //   CastState   - the switches a session's wrappers read: active, low dtype, caching, per-thread "off"
 //   CastWrapper - the callable wrapt calls as (wrapped, instance, args, kwargs) for the LOW_PRECISION,
-//                 FLOAT, PROMOTE and SEQUENCE_PROMOTE policies (apexlite/amp/wrappers.py's semantics)
+//                 FLOAT, PROMOTE and SEQUENCE_PROMOTE policies (apexlite/amp/o1/wrappers.py's semantics)
 // The pure-Python implementations stay the reference; tests run the O1 suite against both.
 #pragma once
 
@@ -17,7 +17,7 @@
 namespace apexlite {
 namespace o1 {
 
-// Policy codes shared with apexlite/amp/native_casts.py.
+// Policy codes shared with apexlite/amp/o1/native_casts.py.
 enum Policy : int { kLowPrecision = 0, kFloat = 1, kPromote = 2, kSequencePromote = 3 };
 
 struct CacheKey {

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from apexlite.amp.lists import natively_promoted_entries, op_entries
-from apexlite.amp.patcher import resolve
+from apexlite.amp.o1.lists import natively_promoted_entries, op_entries
+from apexlite.amp.o1.patcher import resolve
 
 ABSENT = object()
 
@@ -16,7 +16,7 @@ def _own_attribute(target: Any, name: str) -> Any:
 
 def snapshot_patch_targets() -> Dict[str, Any]:
     pairs = [(e.namespace, e.name) for e in op_entries()] + natively_promoted_entries()
-    pairs.append(("torch.nn.RNNBase", "check_input"))  # the O1 RNN input check (apexlite/amp/rnn_input.py)
+    pairs.append(("torch.nn.RNNBase", "check_input"))  # the O1 RNN input check (apexlite/amp/o1/rnn_input.py)
     snapshot = {}
     for namespace, name in pairs:
         snapshot[f"{namespace}.{name}"] = _own_attribute(resolve(namespace), name)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from apexlite import amp
-from apexlite.amp.lists import op_entries
-from apexlite.amp.patcher import resolve
+from apexlite.amp.o1.lists import op_entries
+from apexlite.amp.o1.patcher import resolve
 from apexlite.amp.session import current_session
 
 # apex's documented property table: (cast_model_type, patch_torch_functions, keep_batchnorm_fp32, master_weights, loss_scale)

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from apexlite import amp
-from apexlite.amp.lists import op_entries
-from apexlite.amp.patcher import resolve
+from apexlite.amp.o1.lists import op_entries
+from apexlite.amp.o1.patcher import resolve
 from apexlite.amp.session import current_session
 from tests._helpers.torch_snapshot import snapshot_patch_targets, unchanged_since
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from apexlite.amp.handle import init  # noqa: F401
-from apexlite.amp.registry import (  # noqa: F401
+from apexlite.amp.o1.registry import (  # noqa: F401
     float_function, half_function, promote_function, register_float_function,
     register_half_function, register_promote_function,
 )

@@ -12,10 +12,10 @@ import torch
 import wrapt
 
 from apexlite._logging import get_logger
-from apexlite.amp.cast_state import CastState
-from apexlite.amp.lists import BANNED_MESSAGES
-from apexlite.amp.native_casts import native_wrapper
-from apexlite.amp.policies import (
+from apexlite.amp.o1.cast_state import CastState
+from apexlite.amp.o1.lists import BANNED_MESSAGES
+from apexlite.amp.o1.native_casts import native_wrapper
+from apexlite.amp.o1.policies import (
     CASTABLE_DTYPES, CONVERTERS, CastPolicy, collect_float_dtypes, is_low_precision, map_tensors, widest,
 )
 

@@ -21,7 +21,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from apexlite.amp.policies import CONVERTERS
+from apexlite.amp.o1.policies import CONVERTERS
 
 
 def _compile_flag():

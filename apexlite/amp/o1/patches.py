@@ -11,11 +11,11 @@ from typing import Any, List, Tuple
 import torch
 
 from apexlite._logging import get_logger
-from apexlite.amp.lists import OpEntry, op_entries
-from apexlite.amp.patcher import raw_attribute, resolve
-from apexlite.amp.policies import CastPolicy
-from apexlite.amp.rnn_input import patch_rnn_input_check
-from apexlite.amp.wrappers import make_wrapper
+from apexlite.amp.o1.lists import OpEntry, op_entries
+from apexlite.amp.o1.patcher import raw_attribute, resolve
+from apexlite.amp.o1.policies import CastPolicy
+from apexlite.amp.o1.rnn_input import patch_rnn_input_check
+from apexlite.amp.o1.wrappers import make_wrapper
 
 log = get_logger("amp")
 

@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from apexlite.amp.cast_state import CastState
-from apexlite.amp.patcher import Patcher, raw_attribute
+from apexlite.amp.o1.cast_state import CastState
+from apexlite.amp.o1.patcher import Patcher, raw_attribute
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 

@@ -15,9 +15,9 @@ from typing import Any, Callable, Optional
 import torch
 
 from apexlite._logging import get_logger
-from apexlite.amp.cache import CastCache
-from apexlite.amp.cast_state import CastState, CastSwitches
-from apexlite.amp.policies import CastPolicy
+from apexlite.amp.o1.cache import CastCache
+from apexlite.amp.o1.cast_state import CastState, CastSwitches
+from apexlite.amp.o1.policies import CastPolicy
 
 DISABLE_ENV = "APEXLITE_DISABLE_EXTENSION"
 # policy -> the code csrc/torch/o1_casts.h uses for it

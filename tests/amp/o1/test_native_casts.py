@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from apexlite import amp, doctor
-from apexlite.amp import native_casts
-from apexlite.amp.cache import CastCache
+from apexlite.amp.o1 import native_casts
+from apexlite.amp.o1.cache import CastCache
 from apexlite.amp.session import current_session
 
 

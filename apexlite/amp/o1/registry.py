@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, List, Tuple
 
-from apexlite.amp.policies import CastPolicy
+from apexlite.amp.o1.policies import CastPolicy
 
 
 class PendingRegistrations:
@@ -50,7 +50,7 @@ def register_promote_function(module: Any, name: str) -> None:
 
 
 def _decorator(policy: CastPolicy) -> Callable[[Callable], Callable]:
-    from apexlite.amp.wrappers import make_wrapper
+    from apexlite.amp.o1.wrappers import make_wrapper
 
     def decorate(fn: Callable) -> Callable:
         name = getattr(fn, "__qualname__", repr(fn))

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from apexlite.amp.lists import natively_promoted_entries, op_entries
-from apexlite.amp.o1_patches import torch_version
-from apexlite.amp.patcher import resolve
+from apexlite.amp.o1.lists import natively_promoted_entries, op_entries
+from apexlite.amp.o1.patches import torch_version
+from apexlite.amp.o1.patcher import resolve
 from tests._helpers.tolerances import dtype_tols
 
 ENTRIES = op_entries()

@@ -96,7 +96,7 @@ def test_disable_casts_inside_compiled_code_really_runs_without_casts():
 
 
 def _graph_breaks(model_factory, native: bool, monkeypatch) -> int:
-    from apexlite.amp import native_casts
+    from apexlite.amp.o1 import native_casts
 
     monkeypatch.setattr(native_casts, "use_native", lambda: native)
     torch._dynamo.reset()

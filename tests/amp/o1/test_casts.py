@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from apexlite import amp
-from apexlite.amp.lists import op_entries
-from apexlite.amp.patcher import resolve
-from apexlite.amp.policies import CastPolicy, map_tensors
+from apexlite.amp.o1.lists import op_entries
+from apexlite.amp.o1.patcher import resolve
+from apexlite.amp.o1.policies import CastPolicy, map_tensors
 from apexlite.amp.session import current_session
-from tests.amp.cast_cases import CASES, SAMPLED_ELSEWHERE
+from tests.amp.o1.cast_cases import CASES, SAMPLED_ELSEWHERE
 
 pytestmark = pytest.mark.usefixtures("cast_path")  # native and pure-Python O1 casts
 
@@ -182,7 +182,7 @@ def test_disable_casts_restores_even_when_the_block_raises(o1):
 
 
 def test_sessions_take_the_cast_path_under_test(cast_path):
-    from apexlite.amp.native_casts import NATIVE_POLICIES, _native_module
+    from apexlite.amp.o1.native_casts import NATIVE_POLICIES, _native_module
 
     amp.initialize(torch.nn.Linear(2, 2), opt_level="O1", verbosity=0)
     try:

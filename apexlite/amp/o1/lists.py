@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from apexlite.amp.policies import CastPolicy
+from apexlite.amp.o1.policies import CastPolicy
 
 F = "torch.nn.functional"
 T = "torch"

@@ -184,7 +184,8 @@ def test_status_table_agrees_with_what_the_names_are(row):
     placeholder = obj is None or getattr(obj, "apexlite_unsupported", False) or (
         type(obj).__name__ == "UnsupportedModule")
     if row.kind == api_status.UNSUPPORTED:
-        assert placeholder or row.api == "apex.RNN", f"{row.api} is implemented but listed as unsupported"
+        # apex.contrib itself is a real (empty) package; its areas are the placeholders
+        assert placeholder or row.api in ("apex.RNN", "apex.contrib"), f"{row.api} is implemented but listed as unsupported"
     else:
         assert not placeholder, f"{row.api} is listed as {row.kind} but is a placeholder"
 

@@ -95,15 +95,15 @@ class ApexAliasFinder(importlib.abc.MetaPathFinder):
         if real is None:
             return None
         parts = name.split(".")
-        if parts[0] == "apex" and len(parts) > 1 and parts[1] in UNSUPPORTED_AREAS:
-            module: types.ModuleType = UnsupportedModule(name, UNSUPPORTED_AREAS[parts[1]])
-        else:
-            try:
-                module = importlib.import_module(real)
-            except ModuleNotFoundError as error:
-                if error.name != real:
-                    raise
+        try:
+            module: types.ModuleType = importlib.import_module(real)
+        except ModuleNotFoundError as error:
+            if error.name is None or not (real == error.name or real.startswith(error.name + ".")):
+                raise  # a module apexlite has failed inside: that error is the user's answer
+            if not (parts[0] == "apex" and len(parts) > 1 and parts[1] in UNSUPPORTED_AREAS):
                 return None  # apex never had it either: a normal ImportError follows
+            module = UnsupportedModule(name, UNSUPPORTED_AREAS[parts[1]])
+        else:
             self._publish_loaded(name)
         self.aliases.append(name)
         return importlib.machinery.ModuleSpec(name, _AliasLoader(module), is_package=hasattr(module, "__path__"))

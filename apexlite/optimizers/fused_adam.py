@@ -1,6 +1,7 @@
 """``FusedAdam``: apex's drop-in Adam/AdamW with one fused, mixed-precision step on CPU and CUDA."""
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import torch
@@ -240,7 +241,7 @@ class FusedAdam(ApexStyleOptimizer):
             for key, default in self.defaults.items():  # torch checkpoints lack FusedAdam's own keys
                 group.setdefault(key, default)
             # apex keeps one step count per group; a subclass with its own step() (e.g. fairseq's) still reads it
-            group_step = group.pop("step", None) if type(self).step is FusedAdam.step else None
+            group_step = group.pop("step", None) if self._steps_itself() else None
             for param in group["params"]:
                 state = self.state.get(param)
                 if group_step is not None and state and "step" not in state:
@@ -290,6 +291,10 @@ class FusedAdam(ApexStyleOptimizer):
             adam_state.init_state(param, state, self.master_weights, self.exp_avg_dtype)
             adam_state.add_to_bucket(buckets, param, grad, state, unscaled)
         return buckets
+
+    def _steps_itself(self) -> bool:
+        """Whether step() is FusedAdam's own (torch wraps each class's step for profiling, hence unwrap)."""
+        return inspect.unwrap(type(self).step) is inspect.unwrap(FusedAdam.step)
 
     @staticmethod
     def _reject_legacy_arguments(legacy: Dict[str, Any]) -> None:

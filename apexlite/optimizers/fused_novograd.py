@@ -52,7 +52,6 @@ class FusedNovoGrad(ApexStyleOptimizer):
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         loss = self._closure_loss(closure)
         for group in self.param_groups:
-            group["step"] = group.get("step", 0) + 1
             params = [p for p in group["params"] if p.grad is not None]
             for param in params:
                 if param.grad.is_sparse:
@@ -63,6 +62,7 @@ class FusedNovoGrad(ApexStyleOptimizer):
                     self.state[param]["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
             slots = ([p for p in params if p.dtype in _REDUCED], [p for p in params if p.dtype == torch.float32])
             norms = self._group_norms(group, slots)
+            group["step"] = group.get("step", 0) + 1
             for slot_params, slot_norms in zip(slots, norms):
                 if slot_params:
                     self._update(group, slot_params, slot_norms)

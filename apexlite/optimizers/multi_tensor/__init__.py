@@ -4,7 +4,8 @@ Each is called as ``op(chunk_size, noop_flag, tensor_lists, *args)``, directly o
 ``apex.multi_tensor_apply.multi_tensor_applier(op, noop_flag, tensor_lists, *args)``. ``chunk_size`` is
 accepted and unused. They run on CPU and CUDA tensors and use apexlite's own update rules: the Adam
 kernels go through apexlite's fused Adam step, the other optimizer kernels through the rule their
-optimizer class uses, so each update rule exists once.
+optimizer class uses, so each update rule exists once. Like apex's CUDA kernels, they write their
+tensors in place outside autograd, so params that require grad may be passed directly.
 """
 from apexlite.optimizers.multi_tensor.adagrad import multi_tensor_adagrad
 from apexlite.optimizers.multi_tensor.adam import (

@@ -9,6 +9,7 @@ from apexlite.optimizers.multi_tensor._lists import Lists, check_float_dtypes, c
 _FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
+@torch.no_grad()
 def multi_tensor_adagrad(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists, lr: float, epsilon: float,
                          mode: int, weight_decay: float) -> None:
     """Adagrad over [grads, params, sums]; mode 0 adds L2 decay to the gradient, mode 1 decouples it.

@@ -80,6 +80,7 @@ def _check(lists: List[List[torch.Tensor]], op: str) -> None:
         check_float_dtypes(tensors, _READABLE, name, op)
 
 
+@torch.no_grad()
 def multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists, lr: float, beta1: float,
                       beta2: float, epsilon: float, step: int, mode: int, bias_correction: int,
                       weight_decay: float) -> None:
@@ -99,6 +100,7 @@ def _scaling(noop_flag: torch.Tensor, inv_scale: torch.Tensor, device: torch.dev
     return grad_scale, found_inf
 
 
+@torch.no_grad()
 def multi_tensor_adam_capturable(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists, lr: torch.Tensor,
                                  beta1: float, beta2: float, epsilon: float, step: torch.Tensor, mode: int,
                                  bias_correction: int, weight_decay: float, inv_scale: torch.Tensor) -> None:
@@ -112,6 +114,7 @@ def multi_tensor_adam_capturable(chunk_size: int, noop_flag: torch.Tensor, tenso
          op=op)
 
 
+@torch.no_grad()
 def multi_tensor_adam_capturable_master(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists,
                                         lr: torch.Tensor, beta1: float, beta2: float, epsilon: float,
                                         step: torch.Tensor, mode: int, bias_correction: int, weight_decay: float,

@@ -42,6 +42,7 @@ def _finish(noop_flag: torch.Tensor, grads: Sequence[torch.Tensor], result: Lamb
     raise_flag_if_non_finite(noop_flag, torch.stack(norms))
 
 
+@torch.no_grad()
 def multi_tensor_lamb(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists, lr: float, beta1: float,
                       beta2: float, epsilon: float, step: int, bias_correction: int, weight_decay: float,
                       grad_averaging: int, mode: int, global_grad_norm: torch.Tensor, max_grad_norm: float,
@@ -58,6 +59,7 @@ def multi_tensor_lamb(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Li
     _finish(noop_flag, lists[0], result)
 
 
+@torch.no_grad()
 def multi_tensor_lamb_mp(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists, lr: torch.Tensor,
                          beta1: float, beta2: float, epsilon: float, step: torch.Tensor, bias_correction: int,
                          weight_decay: float, grad_averaging: int, mode: int, global_grad_norm: torch.Tensor,
@@ -82,6 +84,7 @@ def multi_tensor_lamb_mp(chunk_size: int, noop_flag: torch.Tensor, tensor_lists:
     _finish(noop_flag, lists[0], result)
 
 
+@torch.no_grad()
 def multi_tensor_lamb_stage1_cuda(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists,
                                   per_tensor_decay: torch.Tensor, step: int, beta1: float, beta2: float,
                                   epsilon: float, global_grad_norm: torch.Tensor,
@@ -106,6 +109,7 @@ def multi_tensor_lamb_stage1_cuda(chunk_size: int, noop_flag: torch.Tensor, tens
         out.copy_(direction)
 
 
+@torch.no_grad()
 def multi_tensor_lamb_stage2_cuda(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists,
                                   per_tensor_param_norm: torch.Tensor, per_tensor_update_norm: torch.Tensor,
                                   lr: float, weight_decay: float, use_nvlamb: Optional[bool] = False) -> None:

@@ -28,6 +28,7 @@ def norms_of(tensors: Sequence[torch.Tensor], per_tensor: Optional[bool]) -> Nor
     return total, (norms if per_tensor else torch.empty(0, dtype=torch.float32, device=total.device))
 
 
+@torch.no_grad()
 def multi_tensor_scale(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists, scale: float) -> None:
     """out[i] = float(in[i]) * scale, written in out[i]'s dtype."""
     inputs, outputs = check_lists(tensor_lists, (2,), "multi_tensor_scale")
@@ -37,6 +38,7 @@ def multi_tensor_scale(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: L
         out.copy_(value.view_as(out))
 
 
+@torch.no_grad()
 def multi_tensor_axpby(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists, a: float, b: float,
                        arg_to_check: int) -> None:
     """out[i] = a*x[i] + b*y[i]; inf/NaN is checked in x (0), y (1) or both (-1)."""
@@ -49,6 +51,7 @@ def multi_tensor_axpby(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: L
         out.copy_((a * x.float() + b * y.float()).view_as(out))
 
 
+@torch.no_grad()
 def multi_tensor_l2norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists,
                         per_tensor: Optional[bool] = False) -> NormPair:
     """(total L2 norm, per-tensor norms), as apex returned them: fp32 tensors on the tensors' device,
@@ -58,6 +61,7 @@ def multi_tensor_l2norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: 
     return norms_of(tensors, per_tensor)
 
 
+@torch.no_grad()
 def multi_tensor_l2norm_mp(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists,
                            per_tensor: Optional[bool] = False) -> NormPair:
     """multi_tensor_l2norm for the mixed-precision LAMB (fp16/bf16/fp32 inputs, float32 norms).
@@ -70,6 +74,7 @@ def multi_tensor_l2norm_mp(chunk_size: int, noop_flag: torch.Tensor, tensor_list
     return norms_of(tensors, per_tensor)
 
 
+@torch.no_grad()
 def multi_tensor_l2norm_scale(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists, scale: float,
                               per_tensor: Optional[bool] = False) -> NormPair:
     """out[i] = in[i] * scale (in out's dtype), and the L2 norms of the inputs as they came (unscaled)."""
@@ -82,6 +87,7 @@ def multi_tensor_l2norm_scale(chunk_size: int, noop_flag: torch.Tensor, tensor_l
     return result
 
 
+@torch.no_grad()
 def multi_tensor_unscale_l2norm(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists,
                                 inv_scale: torch.Tensor, per_tensor: Optional[bool] = False) -> NormPair:
     """The L2 norm of the tensors multiplied by `inv_scale` (the tensors themselves are unchanged)."""

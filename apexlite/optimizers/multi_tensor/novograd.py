@@ -9,6 +9,7 @@ from apexlite.optimizers.multi_tensor._lists import Lists, check_float_dtypes, c
 _FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
+@torch.no_grad()
 def multi_tensor_novograd(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists, grad_norms: torch.Tensor,
                           lr: float, beta1: float, beta2: float, epsilon: float, step: int, bias_correction: int,
                           weight_decay: float, grad_averaging: int, mode: int, norm_type: int) -> None:

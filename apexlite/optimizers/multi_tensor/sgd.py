@@ -10,6 +10,7 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _HALVES = (torch.float16, torch.bfloat16)
 
 
+@torch.no_grad()
 def multi_tensor_sgd(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Lists, wd: float, momentum: float,
                      dampening: float, lr: float, nesterov: bool, first_run: bool, wd_after_momentum: bool,
                      scale: float) -> None:

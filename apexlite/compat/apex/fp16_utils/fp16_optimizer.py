@@ -38,7 +38,8 @@ def dynamic_scaler(dynamic_loss_args: Optional[Dict[str, Any]]) -> LossScaler:
     init_scale, max_scale = args.get("init_scale", 2.0 ** 16), args.get("max_loss_scale", 2.0 ** 24)
     if init_scale > max_scale:
         log.warning("FP16_Optimizer: dynamic_loss_args init_scale=%g is above max_loss_scale=%g, so the scale starts "
-                    "at %g (as in apex); pass a larger max_loss_scale to start higher.", init_scale, max_scale, max_scale)
+                    "at %g (as in apex); pass a larger max_loss_scale to start higher.",
+                    init_scale, max_scale, max_scale)
     return LossScaler("dynamic", **args)
 
 

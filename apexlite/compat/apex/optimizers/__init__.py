@@ -10,4 +10,5 @@ from apexlite.compat.apex.optimizers.fused_mixed_precision_lamb import FusedMixe
 from apexlite.compat.apex.optimizers.fused_novograd import FusedNovoGrad
 from apexlite.compat.apex.optimizers.fused_sgd import FusedSGD
 
-__all__ = ["FusedAdam", "FusedSGD", "FusedLAMB", "FusedNovoGrad", "FusedAdagrad", "FusedMixedPrecisionLamb"]
+__all__ = ["FusedAdam", "FusedSGD", "FusedLAMB", "FusedNovoGrad", "FusedAdagrad", "FusedMixedPrecisionLamb",
+           "FP16_Optimizer"]

@@ -16,11 +16,19 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
+from torch import nn  # noqa: F401  (this and the other unused names: what apex's module defines)
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors  # noqa: F401
+from torch.autograd import Variable  # noqa: F401
+from torch.nn.parameter import Parameter  # noqa: F401
 
 from apexlite._logging import get_logger
+from apexlite.compat.apex.amp._amp_state import _amp_state, maybe_print  # noqa: F401
 from apexlite.compat.apex.amp.scaler import LossScaler
 from apexlite.compat.apex.fp16_utils._scaler_state import restore_loss_scaler
-from apexlite.compat.apex.fp16_utils.fp16util import clip_grad_norm
+from apexlite.compat.apex.fp16_utils.fp16util import (  # noqa: F401
+    clip_grad_norm, master_params_to_model_params, model_grads_to_master_grads,
+)
+from apexlite.compat.apex.multi_tensor_apply import multi_tensor_applier  # noqa: F401
 from apexlite.optimizers.multi_tensor.norms import multi_tensor_scale
 
 log = get_logger("fp16_utils")

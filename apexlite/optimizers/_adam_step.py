@@ -14,7 +14,7 @@ Paths (``implementation``):
 from __future__ import annotations
 
 import functools
-from typing import List, Optional
+from typing import Iterable, List, Optional
 
 import torch
 
@@ -64,6 +64,17 @@ def resolve(implementation: str, device: torch.device) -> str:
         )
     _ext.warn_fallback(device.type)
     return "reference"
+
+
+def bump_versions(tensors: Iterable[torch.Tensor]) -> None:
+    """Marks tensors written through raw pointers as modified, so `_version`-keyed caches see it."""
+    tensors = list(tensors)
+    increment = getattr(torch.autograd.graph, "increment_version", None)
+    if increment is not None:
+        increment(tensors)
+        return
+    for tensor in tensors:
+        torch._C._autograd._increment_version(tensor)
 
 
 def uses_kernel(implementation: str, device: torch.device) -> bool:

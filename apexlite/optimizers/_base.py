@@ -1,4 +1,5 @@
-"""What apexlite's optimizers share with apex's: `set_grad_none` as zero_grad's default, closures."""
+"""What apexlite's optimizers share with apex's: `set_grad_none` as zero_grad's default, closures, and
+the attributes apex's optimizers created for their kernels (subclasses written against apex read them)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -14,6 +15,12 @@ class ApexStyleOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """Clears gradients; ``set_to_none`` defaults to the constructor's ``set_grad_none``."""
         super().zero_grad(set_to_none=self.set_grad_none if set_to_none is None else set_to_none)
+
+    def _make_overflow_buf(self) -> None:
+        """apex's ``_dummy_overflow_buf``: the int32 no-op flag its kernels take, on the first param's device."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        device = params[0].device if params else torch.device("cpu")
+        self._dummy_overflow_buf = torch.tensor([0], dtype=torch.int, device=device)
 
     @staticmethod
     def _closure_loss(closure: Optional[Callable[[], Any]]) -> Any:

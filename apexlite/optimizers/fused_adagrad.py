@@ -5,14 +5,17 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
+from apexlite.optimizers import multi_tensor
+from apexlite.optimizers._adagrad_rule import DECOUPLED_MODE, L2_MODE, adagrad_update
 from apexlite.optimizers._base import ApexStyleOptimizer
 
 
 class FusedAdagrad(ApexStyleOptimizer):
     """Adagrad with apex's constructor; matches torch.optim.Adagrad (lr_decay=0) when adagrad_w_mode=False.
 
-    Per param (fp32 math, state ``sum`` in fp32): L2 mode: g += wd*p; sum += g*g;
-    p -= lr * g / (sqrt(sum) + eps). Decoupled mode: sum += g*g; p -= lr * (g / (sqrt(sum) + eps) + wd*p).
+    The rule is :mod:`apexlite.optimizers._adagrad_rule` (apex's multi_tensor_adagrad, also behind
+    ``self.multi_tensor_adagrad``). The state ``sum`` is kept in fp32 whatever the param dtype (apex
+    kept it in the param's dtype, where fp16 sums of squares overflow).
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-2, eps: float = 1e-10, weight_decay: float = 0.0,
@@ -24,29 +27,23 @@ class FusedAdagrad(ApexStyleOptimizer):
         if weight_decay < 0.0:
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         super().__init__(params, dict(lr=lr, eps=eps, weight_decay=weight_decay))
-        self.adagrad_w_mode = adagrad_w_mode
+        self.adagrad_w_mode = 1 if adagrad_w_mode else 0
         self.set_grad_none = set_grad_none
+        self._make_overflow_buf()
+        self.multi_tensor_adagrad = multi_tensor.multi_tensor_adagrad
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         loss = self._closure_loss(closure)
         for group in self.param_groups:
-            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                if param.grad.is_sparse:
-                    raise RuntimeError("FusedAdagrad does not support sparse gradients; use torch.optim.Adagrad.")
-                state = self.state[param]
-                if "sum" not in state:
-                    state["sum"] = torch.zeros_like(param, dtype=torch.float32, memory_format=torch.preserve_format)
-                grad, weight, accumulator = param.grad.float(), param.float(), state["sum"]
-                if self.adagrad_w_mode:
-                    accumulator.addcmul_(grad, grad)
-                    update = grad / (accumulator.sqrt() + eps) + wd * weight
-                else:
-                    grad = grad.add(weight, alpha=wd)
-                    accumulator.addcmul_(grad, grad)
-                    update = grad / (accumulator.sqrt() + eps)
-                param.copy_(weight.add_(update, alpha=-lr))
+            params = [p for p in group["params"] if p.grad is not None]
+            if any(p.grad.is_sparse for p in params):
+                raise RuntimeError("FusedAdagrad does not support sparse gradients; use torch.optim.Adagrad.")
+            for param in params:
+                if "sum" not in self.state[param]:
+                    self.state[param]["sum"] = torch.zeros_like(param, dtype=torch.float32,
+                                                                memory_format=torch.preserve_format)
+            adagrad_update([p.grad for p in params], params, [self.state[p]["sum"] for p in params],
+                           lr=group["lr"], eps=group["eps"], weight_decay=group["weight_decay"],
+                           mode=DECOUPLED_MODE if self.adagrad_w_mode else L2_MODE)
         return loss

@@ -1,15 +1,16 @@
 """``FusedAdam``: apex's drop-in Adam/AdamW with one fused, mixed-precision step on CPU and CUDA."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
+import inspect
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import torch
 
 from apexlite._logging import get_logger
-from apexlite.optimizers._base import ApexStyleOptimizer
-
 from apexlite.optimizers import _adam_state as adam_state
-from apexlite.optimizers._adam_step import IMPLEMENTATIONS, fused_adam_step
+from apexlite.optimizers import multi_tensor
+from apexlite.optimizers._base import ApexStyleOptimizer
+from apexlite.optimizers._adam_step import IMPLEMENTATIONS, bump_versions, fused_adam_step
 from apexlite.optimizers._torch_fused import Workspace
 
 _LEGACY_STEP_ARGS = ("grads", "output_params", "scale", "grad_norms")
@@ -39,17 +40,6 @@ def _flag_on(value: Union[None, float, torch.Tensor], device: torch.device) -> O
     if torch.is_tensor(value):
         return value.to(device=device, dtype=torch.float32, non_blocking=True)
     return torch.full((1,), float(value), dtype=torch.float32, device=device)
-
-
-def _bump_versions(tensors: Iterable[torch.Tensor]) -> None:
-    """Marks params written through raw pointers as modified, so `_version`-keyed caches see it."""
-    tensors = list(tensors)
-    increment = getattr(torch.autograd.graph, "increment_version", None)
-    if increment is not None:
-        increment(tensors)
-        return
-    for tensor in tensors:
-        torch._C._autograd._increment_version(tensor)
 
 
 class FusedAdam(ApexStyleOptimizer):
@@ -177,6 +167,19 @@ class FusedAdam(ApexStyleOptimizer):
         self.exp_avg_dtype = exp_avg_dtype
         self.implementation = implementation
         self._workspace = Workspace()  # scratch of the torch fused path, reused between steps
+        # apex's instance attributes, which subclasses written against apex read (e.g. fairseq's
+        # FusedAdamV2 calls self.multi_tensor_adam itself); each group also carries its adam_w_mode
+        self.adam_w_mode = 1 if adam_w_mode else 0
+        self._make_overflow_buf()
+        self.multi_tensor_adam = multi_tensor.multi_tensor_adam
+        self.multi_tensor_adam_capturable = multi_tensor.multi_tensor_adam_capturable
+        self.multi_tensor_adam_capturable_master = multi_tensor.multi_tensor_adam_capturable_master
+
+    @property
+    def param_groups_master(self) -> List[Dict[str, List[Optional[torch.Tensor]]]]:
+        """apex's view of the masters: per group, each param's fp32 master or None."""
+        return [{"params": [self.state[p].get("master_param") if p in self.state else None
+                            for p in group["params"]]} for group in self.param_groups]
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         """Adds a group (torch semantics); its hyper-parameters are validated like the constructor's."""
@@ -237,7 +240,8 @@ class FusedAdam(ApexStyleOptimizer):
         for group in self.param_groups:
             for key, default in self.defaults.items():  # torch checkpoints lack FusedAdam's own keys
                 group.setdefault(key, default)
-            group_step = group.pop("step", None)  # apex keeps one step count per group
+            # apex keeps one step count per group; a subclass with its own step() (e.g. fairseq's) still reads it
+            group_step = group.pop("step", None) if self._steps_itself() else None
             for param in group["params"]:
                 state = self.state.get(param)
                 if group_step is not None and state and "step" not in state:
@@ -266,7 +270,7 @@ class FusedAdam(ApexStyleOptimizer):
                     workspace=self._workspace,
                 )
                 if path != "reference":  # fused ops write through raw pointers, bypassing the counters
-                    _bump_versions(bucket.written)
+                    bump_versions(bucket.written)
         return loss
 
     def _buckets(self, group: Dict[str, Any]) -> Dict[Tuple, adam_state.Bucket]:
@@ -287,6 +291,10 @@ class FusedAdam(ApexStyleOptimizer):
             adam_state.init_state(param, state, self.master_weights, self.exp_avg_dtype)
             adam_state.add_to_bucket(buckets, param, grad, state, unscaled)
         return buckets
+
+    def _steps_itself(self) -> bool:
+        """Whether step() is FusedAdam's own (torch wraps each class's step for profiling, hence unwrap)."""
+        return inspect.unwrap(type(self).step) is inspect.unwrap(FusedAdam.step)
 
     @staticmethod
     def _reject_legacy_arguments(legacy: Dict[str, Any]) -> None:

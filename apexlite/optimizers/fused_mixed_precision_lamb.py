@@ -17,6 +17,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from apexlite.optimizers import multi_tensor
+from apexlite.optimizers._lamb_rule import lamb_update
 from apexlite.optimizers.fused_lamb import FusedLAMB
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -58,6 +60,8 @@ class FusedMixedPrecisionLamb(FusedLAMB):
                          weight_decay=weight_decay, amsgrad=amsgrad, adam_w_mode=adam_w_mode,
                          grad_averaging=grad_averaging, set_grad_none=True, max_grad_norm=max_grad_norm,
                          use_nvlamb=use_nvlamb)
+        self.multi_tensor_l2norm = multi_tensor.multi_tensor_l2norm_mp
+        self.multi_tensor_lamb = multi_tensor.multi_tensor_lamb_mp
         self.defaults["lr"] = torch.tensor(float(lr), dtype=torch.float32)
         self.defaults["step"] = torch.tensor([int(step)], dtype=torch.int32)
         for group in self.param_groups:
@@ -159,33 +163,14 @@ class FusedMixedPrecisionLamb(FusedLAMB):
         device = params[0].device
         group["step"] = torch.as_tensor(group["step"], dtype=torch.int32, device=device).reshape(1)
         group["step"] += 1
-        step = group["step"].reshape(()).float()
+        targets, states = zip(*(self._master_and_state(p) for p in params))
         beta1, beta2 = group["betas"]
-        one = torch.ones((), device=device)
-        c1 = 1 - torch.pow(torch.tensor(beta1, device=device), step) if group["bias_correction"] else one
-        c2 = 1 - torch.pow(torch.tensor(beta2, device=device), step) if group["bias_correction"] else one
-        beta3 = 1 - beta1 if group["grad_averaging"] else 1.0
-        wd, max_norm = group["weight_decay"], group["max_grad_norm"]
-        clip = (global_norm / max_norm).clamp(min=1.0) if max_norm > 0 else one
-        lr = torch.as_tensor(group["lr"], dtype=torch.float32, device=device).reshape(())
-        for param in params:
-            target, state = self._master_and_state(param)
-            weight = target.float()
-            grad = grads[param] / clip.to(param.device)
-            if not self.adam_w_mode:
-                grad = grad + wd * weight
-            exp_avg = state["exp_avg"].float().mul_(beta1).add_(grad, alpha=beta3)
-            exp_avg_sq = state["exp_avg_sq"].float().mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            update = (exp_avg / c1) / ((exp_avg_sq / c2).sqrt() + group["eps"])
-            if self.adam_w_mode:
-                update = update + wd * weight
-            ratio = lr.to(param.device)
-            if wd != 0 or self.use_nvlamb:
-                param_norm, update_norm = weight.norm(2), update.norm(2)
-                ratio = torch.where((param_norm > 0) & (update_norm > 0), ratio * param_norm / update_norm, ratio)
-            new_weight = weight - ratio * update
-            state["exp_avg"].copy_(exp_avg)
-            state["exp_avg_sq"].copy_(exp_avg_sq)
-            target.copy_(new_weight)
-            if target is not param:
-                param.copy_(new_weight)
+        lamb_update([grads[p] for p in params], list(targets), [s["exp_avg"] for s in states],
+                    [s["exp_avg_sq"] for s in states],
+                    [p if target is not p else None for p, target in zip(params, targets)],
+                    lr=torch.as_tensor(group["lr"], dtype=torch.float32, device=device).reshape(()),
+                    beta1=beta1, beta2=beta2, eps=group["eps"], step=group["step"],
+                    bias_correction=group["bias_correction"], weight_decay=group["weight_decay"],
+                    grad_averaging=group["grad_averaging"], adam_w_mode=bool(self.adam_w_mode),
+                    global_grad_norm=global_norm, max_grad_norm=group["max_grad_norm"],
+                    use_nvlamb=self.use_nvlamb)

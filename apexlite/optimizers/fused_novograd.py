@@ -1,23 +1,26 @@
 """``FusedNovoGrad``: apex's NovoGrad (per-tensor second moment built from the gradient norm)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from apexlite.optimizers import multi_tensor
 from apexlite.optimizers._base import ApexStyleOptimizer
+from apexlite.optimizers._novograd_rule import DECOUPLED_MODE, INSIDE_MOMENT_MODE, novograd_update
+
+_REDUCED = (torch.float16, torch.bfloat16)
 
 
 class FusedNovoGrad(ApexStyleOptimizer):
-    """NovoGrad with apex's constructor and update rule (fp32 math and state).
+    """NovoGrad with apex's constructor, update rule and state layout.
 
-    Per tensor, n = ||g|| (L2 for norm_type=2, max-abs for norm_type=0). The second moment is one
-    number per tensor: v = sqrt(beta2*v^2 + (1-beta2)*n^2) for L2 (max(beta2*v, (1-beta2)*n) for
-    max-abs); on the first step v starts at 0 with ``init_zero`` and at n otherwise. With
-    c1 = 1-beta1^t, c2 = sqrt(1-beta2^t) (both 1 without bias_correction), beta3 = 1-beta1 when
-    grad_averaging else 1, and d = v/c2 + eps:
-    reg_inside_moment: m = beta1*m + beta3*(g/d + wd*p); p -= lr*m/c1.
-    otherwise:         m = beta1*m + beta3*g;           p -= lr*(m/c1/d + wd*p).
+    The rule is :mod:`apexlite.optimizers._novograd_rule` (apex's multi_tensor_novograd, also behind
+    ``self.multi_tensor_novograd``). As in apex, the per-tensor second moments (norms, not squares)
+    live in the param group: ``group["exp_avg_sq"] = [norms of the fp16/bf16 params, norms of the fp32
+    params]``, float32 tensors in param order; without ``init_zero`` they start at the first step's
+    gradient norms, so the first blend leaves them unchanged. ``state[p]["exp_avg"]`` is kept in fp32.
+    bfloat16 params share the first slot with fp16 ones (apex rejected bfloat16).
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
@@ -32,51 +35,64 @@ class FusedNovoGrad(ApexStyleOptimizer):
                         weight_decay=weight_decay, grad_averaging=grad_averaging, norm_type=norm_type,
                         init_zero=init_zero)
         super().__init__(params, defaults)
-        self.moment_mode = 0 if reg_inside_moment else 1
+        self.moment_mode = INSIDE_MOMENT_MODE if reg_inside_moment else DECOUPLED_MODE
         self.set_grad_none = set_grad_none
+        self._make_overflow_buf()
+        self.multi_tensor_novograd = multi_tensor.multi_tensor_novograd
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """torch's loading, then the group norms moved to the params' device (as apex does)."""
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            if group["params"] and "exp_avg_sq" in group:
+                device = group["params"][0].device
+                group["exp_avg_sq"] = [None if t is None else t.to(device) for t in group["exp_avg_sq"]]
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         loss = self._closure_loss(closure)
         for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            for param in params:
+                if param.grad.is_sparse:
+                    raise RuntimeError("FusedNovoGrad does not support sparse gradients.")
+                if param.dtype not in _REDUCED + (torch.float32,):
+                    raise RuntimeError(f"FusedNovoGrad supports fp16, bf16 and fp32 params; got {param.dtype}.")
+                if "exp_avg" not in self.state[param]:
+                    self.state[param]["exp_avg"] = torch.zeros_like(param, dtype=torch.float32)
+            slots = ([p for p in params if p.dtype in _REDUCED], [p for p in params if p.dtype == torch.float32])
+            norms = self._group_norms(group, slots)
             group["step"] = group.get("step", 0) + 1
-            for param in group["params"]:
-                if param.grad is not None:
-                    if param.grad.is_sparse:
-                        raise RuntimeError("FusedNovoGrad does not support sparse gradients.")
-                    self._update(param, group)
+            for slot_params, slot_norms in zip(slots, norms):
+                if slot_params:
+                    self._update(group, slot_params, slot_norms)
         return loss
 
-    def _blend_norm(self, state: dict, grad: torch.Tensor, group: dict) -> torch.Tensor:
-        beta2 = group["betas"][1]
-        if group["norm_type"] == 2:
-            norm = grad.norm(2)
-            if "exp_avg_sq" not in state:
-                state["exp_avg_sq"] = torch.zeros_like(norm) if group["init_zero"] else norm.clone()
-            state["exp_avg_sq"] = (beta2 * state["exp_avg_sq"] ** 2 + (1 - beta2) * norm ** 2).sqrt()
-        else:
-            norm = grad.abs().max()
-            if "exp_avg_sq" not in state:
-                state["exp_avg_sq"] = torch.zeros_like(norm) if group["init_zero"] else norm.clone()
-            state["exp_avg_sq"] = torch.maximum(beta2 * state["exp_avg_sq"], (1 - beta2) * norm)
-        return state["exp_avg_sq"]
+    def _group_norms(self, group: Dict[str, Any], slots: Tuple[List[torch.Tensor], ...]) -> List[torch.Tensor]:
+        """apex's ``group["exp_avg_sq"]``, made at the first step; its sizes must match the params with grads."""
+        if "exp_avg_sq" not in group:
+            group["exp_avg_sq"] = [self._initial_norms(group, slot) for slot in slots]
+        for name, slot, norms in zip(("fp16/bf16", "fp32"), slots, group["exp_avg_sq"]):
+            if norms is None or norms.numel() != len(slot):
+                size = "none" if norms is None else norms.numel()
+                raise RuntimeError(
+                    f"FusedNovoGrad keeps one norm per {name} param with a gradient in each group ({size} "
+                    f"stored, {len(slot)} params with grads now); NovoGrad needs the same params to receive "
+                    "gradients at every step (set requires_grad=False on the others before the first step).")
+        return group["exp_avg_sq"]
 
-    def _update(self, param: torch.Tensor, group: dict) -> None:
+    @staticmethod
+    def _initial_norms(group: Dict[str, Any], params: List[torch.Tensor]) -> torch.Tensor:
+        device = params[0].device if params else group["params"][0].device
+        if group["init_zero"] or not params:
+            return torch.zeros(len(params), dtype=torch.float32, device=device)
+        order = 2.0 if group["norm_type"] == 2 else float("inf")
+        return torch.stack(torch._foreach_norm([p.grad.float() for p in params], order)).to(device)
+
+    def _update(self, group: Dict[str, Any], params: List[torch.Tensor], norms: torch.Tensor) -> None:
         beta1, beta2 = group["betas"]
-        step, lr, wd = group["step"], group["lr"], group["weight_decay"]
-        c1 = 1 - beta1 ** step if group["bias_correction"] else 1.0
-        c2 = (1 - beta2 ** step) ** 0.5 if group["bias_correction"] else 1.0
-        beta3 = 1 - beta1 if group["grad_averaging"] else 1.0
-        state = self.state[param]
-        grad, weight = param.grad.float(), param.float()
-        denom = self._blend_norm(state, grad, group) / c2 + group["eps"]
-        if "exp_avg" not in state:
-            state["exp_avg"] = torch.zeros_like(weight)
-        exp_avg = state["exp_avg"]
-        if self.moment_mode == 0:
-            exp_avg.mul_(beta1).add_(grad / denom + wd * weight, alpha=beta3)
-            weight = weight - lr * exp_avg / c1
-        else:
-            exp_avg.mul_(beta1).add_(grad, alpha=beta3)
-            weight = weight - lr * (exp_avg / c1 / denom + wd * weight)
-        param.copy_(weight)
+        novograd_update([p.grad for p in params], params, [self.state[p]["exp_avg"] for p in params], norms,
+                        lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], step=group["step"],
+                        bias_correction=group["bias_correction"], weight_decay=group["weight_decay"],
+                        grad_averaging=group["grad_averaging"], moment_mode=self.moment_mode,
+                        norm_type=group["norm_type"])

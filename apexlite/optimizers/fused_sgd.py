@@ -1,22 +1,25 @@
 """``FusedSGD``: apex's SGD (momentum, dampening, Nesterov, weight decay before or after momentum)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 import torch
 from torch.optim.optimizer import required
 
+from apexlite.optimizers import multi_tensor
 from apexlite.optimizers._base import ApexStyleOptimizer
+from apexlite.optimizers._sgd_rule import sgd_update
 
 
 class FusedSGD(ApexStyleOptimizer):
     """SGD with apex's constructor; the update matches torch.optim.SGD when wd_after_momentum=False.
 
-    Per param, with gradient g (computed in fp32, written back in the param's dtype):
-    g += wd*p (before momentum, or after it when ``wd_after_momentum``); buf = g on the first step,
-    else buf = momentum*buf + (1-dampening)*g; g = g + momentum*buf (Nesterov) or g = buf; p -= lr*g.
-    ``materialize_master_grads`` is accepted for apex compatibility: apexlite's O2 always keeps fp32
-    master grads. ``set_grad_none`` is the default of ``zero_grad``.
+    The rule is :mod:`apexlite.optimizers._sgd_rule` (apex's multi_tensor_sgd, also behind
+    ``self.multi_tensor_sgd``): fp32 math, buf = g on a param's first step, else
+    buf = momentum*buf + (1-dampening)*g; Nesterov or plain momentum; decay before or after momentum.
+    Gradients are multiplied by ``1 / most_recent_scale`` (apex's hook for a loss scale; 1 unless set,
+    reset to 1 after every step). ``materialize_master_grads`` is accepted for apex compatibility:
+    apexlite's O2 always keeps fp32 master grads. ``set_grad_none`` is the default of ``zero_grad``.
 
     .. note:: **Momentum storage.** ``state[p]["momentum_buffer"]`` has the param's dtype, as apex's
        kernel kept it: an fp16/bf16 param without master weights (O3, or a half model) stores its
@@ -44,39 +47,44 @@ class FusedSGD(ApexStyleOptimizer):
         self.set_grad_none = set_grad_none
         self.most_recent_scale = 1.0
         self.scale_set_by_backward = False
+        self._make_overflow_buf()
+        self.multi_tensor_sgd = multi_tensor.multi_tensor_sgd
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("nesterov", False)
+
+    def get_momentums(self, params: List[torch.Tensor]) -> Tuple[List[torch.Tensor], bool]:
+        """apex's helper: each param's momentum buffer (created zeroed when missing) and whether the
+        last one was just created (apex's ``first_run`` for a list)."""
+        momentums, first_run = [], True
+        for param in params:
+            state = self.state[param]
+            first_run = "momentum_buffer" not in state
+            if first_run:
+                state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            momentums.append(state["momentum_buffer"])
+        return momentums, first_run
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         loss = self._closure_loss(closure)
         for group in self.param_groups:
-            wd, momentum = group["weight_decay"], group["momentum"]
-            for param in group["params"]:
-                if param.grad is None:
+            params = [p for p in group["params"] if p.grad is not None]
+            if any(p.grad.is_sparse for p in params):
+                raise RuntimeError("FusedSGD does not support sparse gradients; use torch.optim.SGD.")
+            with_momentum = group["momentum"] != 0
+            fresh = {id(p) for p in params if with_momentum and "momentum_buffer" not in self.state[p]}
+            runs = ((True, [p for p in params if id(p) in fresh]), (False, [p for p in params if id(p) not in fresh]))
+            for first_run, subset in runs:
+                if not subset:
                     continue
-                if param.grad.is_sparse:
-                    raise RuntimeError("FusedSGD does not support sparse gradients; use torch.optim.SGD.")
-                grad = param.grad.float()
-                weight = param.float()
-                if wd != 0 and not self.wd_after_momentum:
-                    grad = grad.add(weight, alpha=wd)
-                if momentum != 0:
-                    buf = self._update_momentum(param, grad, momentum, group["dampening"])
-                    grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
-                if wd != 0 and self.wd_after_momentum:
-                    grad = grad.add(weight, alpha=wd)
-                param.copy_(weight.add_(grad, alpha=-group["lr"]))
+                momenta = self.get_momentums(subset)[0] if with_momentum else [None] * len(subset)
+                sgd_update([p.grad for p in subset], subset, momenta, None, weight_decay=group["weight_decay"],
+                           momentum=group["momentum"], dampening=group["dampening"], lr=group["lr"],
+                           nesterov=group["nesterov"], first_run=first_run,
+                           wd_after_momentum=self.wd_after_momentum, scale=1.0 / self.most_recent_scale)
+        self.most_recent_scale = 1.0
+        self.scale_set_by_backward = False
         return loss
-
-    def _update_momentum(self, param: torch.Tensor, grad: torch.Tensor, momentum: float,
-                         dampening: float) -> torch.Tensor:
-        """The new fp32 momentum (the grad on the first step); stores it rounded to the param's dtype."""
-        state = self.state[param]
-        stored = state.get("momentum_buffer")
-        if stored is None:
-            buf = grad.clone()
-            state["momentum_buffer"] = buf.to(param.dtype)
-            return buf
-        buf = stored.float().mul_(momentum).add_(grad, alpha=1 - dampening)  # in place when stored is fp32
-        if buf is not stored:
-            stored.copy_(buf)
-        return buf

@@ -59,3 +59,25 @@ def test_size_mismatch_is_reported():
 
     with pytest.raises(ValueError, match="size mismatch"):
         multi_tensor_applier(amp_C.multi_tensor_scale, _flag(), [[torch.ones(3)], [torch.ones(4)]], 1.0)
+
+
+def test_l2norm_mp_equals_l2norm_for_every_input_dtype():
+    tensors = [torch.randn(10), torch.randn(4, 4).half(), torch.randn(3).bfloat16()]
+    total, per_tensor = amp_C.multi_tensor_l2norm_mp(65536, _flag(), [tensors], True)
+    expected_total, expected_per_tensor = amp_C.multi_tensor_l2norm(65536, _flag(), [tensors], True)
+    assert torch.equal(total, expected_total) and torch.equal(per_tensor, expected_per_tensor)
+
+
+def test_l2norm_scale_writes_scaled_copies_and_returns_norms_of_the_inputs():
+    ins = [torch.randn(6), torch.randn(2, 5)]
+    outs = [torch.empty(6, dtype=torch.float16), torch.empty(2, 5)]
+    flag = _flag()
+    total, per_tensor = multi_tensor_applier(amp_C.multi_tensor_l2norm_scale, flag, [ins, outs], 0.5, True)
+    torch.testing.assert_close(outs[0], (ins[0] * 0.5).half())
+    torch.testing.assert_close(outs[1], ins[1] * 0.5)
+    torch.testing.assert_close(per_tensor, torch.stack([t.norm() for t in ins]))
+    torch.testing.assert_close(total, torch.cat([t.reshape(-1) for t in ins]).norm().reshape(1))
+    assert flag.item() == 0
+    ins[0][2] = float("nan")
+    _, empty = amp_C.multi_tensor_l2norm_scale(65536, flag, [ins, outs], 0.5, False)
+    assert flag.item() == 1 and empty.numel() == 0

@@ -1,10 +1,16 @@
 """apex.fp16_utils against fp32 training and apex's documented behaviour."""
 import copy
+import io
+import logging
 import pickle
+import sys
+import types
+from contextlib import contextmanager
 
 import pytest
 import torch
 
+from apexlite.compat import apex_aliases
 from apexlite.compat.apex import fp16_utils as fu
 
 
@@ -143,3 +149,128 @@ def test_old_standalone_loss_scalers():
     x = torch.ones(2, requires_grad=True)
     dyn.backward((x * 3).sum())
     torch.testing.assert_close(x.grad, torch.full((2,), 24.0))
+
+
+# --- apex's rules for the scaler and its checkpoints ----------------------------------------------------------
+
+DYNAMIC_ARGS = [
+    ({}, dict(_loss_scale=2.0 ** 16, _scale_seq_len=2000, _max_loss_scale=2.0 ** 24, _min_loss_scale=None)),
+    ({"init_scale": 2.0 ** 10, "scale_window": 500}, dict(_loss_scale=2.0 ** 10, _scale_seq_len=500)),
+    ({"init_scale": 2.0 ** 32, "max_loss_scale": 2.0 ** 40}, dict(_loss_scale=2.0 ** 32, _max_loss_scale=2.0 ** 40)),
+    ({"min_loss_scale": 4.0, "scale_factor": 4.0}, dict(_min_loss_scale=4.0, _scale_factor=4.0)),
+]
+
+
+@pytest.mark.parametrize("args,expected", DYNAMIC_ARGS, ids=str)
+def test_dynamic_loss_args_reach_the_scaler(args, expected):
+    opt = fu.FP16_Optimizer(torch.optim.SGD(torch.nn.Linear(2, 2).half().parameters(), lr=0.1),
+                            dynamic_loss_scale=True, dynamic_loss_args=args, verbose=False)
+    assert opt.loss_scaler.dynamic
+    for name, value in expected.items():
+        assert getattr(opt.loss_scaler, name) == value, name
+
+
+def test_capped_init_scale_is_logged_and_unknown_keys_refused(caplog):
+    params = lambda: torch.nn.Linear(2, 2).half().parameters()  # noqa: E731
+    with caplog.at_level(logging.WARNING, logger="apexlite"):
+        opt = fu.FP16_Optimizer(torch.optim.SGD(params(), lr=0.1), dynamic_loss_scale=True,
+                                dynamic_loss_args={"init_scale": 2.0 ** 32}, verbose=False)
+    assert opt.loss_scale == 2.0 ** 24
+    assert "init_scale=4.29497e+09 is above max_loss_scale=1.67772e+07" in caplog.text
+    with pytest.raises(TypeError, match="unknown keys \\['init_scal'\\]"):
+        fu.FP16_Optimizer(torch.optim.SGD(params(), lr=0.1), dynamic_loss_scale=True,
+                          dynamic_loss_args={"init_scal": 2.0}, verbose=False)
+
+
+def test_apex_attribute_names():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3).half(), torch.nn.Linear(3, 1))
+    opt = fu.FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), verbose=False)
+    assert opt.fp16_groups == [[model[0].weight, model[0].bias]]
+    assert opt.fp32_from_fp32_groups[0][0] is model[1].weight
+    assert [m.dtype for m in opt.all_fp32_from_fp16_params] == [torch.float32] * 2
+    assert opt.param_groups[0]["params"][0] is opt.fp32_from_fp16_groups[0][0]
+    assert opt.clip_grad_norm is torch.nn.utils.clip_grad_norm_
+
+
+# apex's attribute sets (what its __init__ creates), for stand-ins pickled under apex's module paths
+APEX_AMP_SCALER = dict(dynamic=True, _loss_scale=2.0 ** 20, _max_loss_scale=2.0 ** 24, _min_loss_scale=None,
+                       _scale_seq_len=2000, _unskipped=1999, _has_overflow=False,
+                       _overflow_buf=torch.zeros(1, dtype=torch.int))
+OLD_DYNAMIC = dict(cur_scale=2.0 ** 20, cur_iter=999, last_overflow_iter=-1, scale_factor=2.0, scale_window=1000)
+OLD_STATIC = dict(cur_scale=64.0)
+# (module, class, attributes, scale after one clean step, scale after an overflow from there)
+APEX_CHECKPOINT_SCALERS = [
+    ("apex.amp.scaler", "LossScaler", APEX_AMP_SCALER, 2.0 ** 21, 2.0 ** 20),
+    ("apex.fp16_utils.loss_scaler", "DynamicLossScaler", OLD_DYNAMIC, 2.0 ** 21, 2.0 ** 20),
+    ("apex.fp16_utils.loss_scaler", "LossScaler", OLD_STATIC, 64.0, 64.0),
+]
+
+
+@contextmanager
+def _apex_module(path, name, attributes):
+    """A stand-in for apex's module `path` holding a class `name` whose instances carry `attributes`."""
+    parts = path.split(".")
+    saved = {p: sys.modules.get(p) for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1))}
+    cls = type(name, (), {"__module__": path})
+    for prefix in saved:
+        sys.modules[prefix] = types.ModuleType(prefix)
+    setattr(sys.modules[path], name, cls)
+    obj = cls()
+    obj.__dict__.update(attributes)
+    try:
+        yield obj
+    finally:
+        for prefix, module in saved.items():
+            if module is None:
+                sys.modules.pop(prefix, None)
+            else:
+                sys.modules[prefix] = module
+
+
+def _apex_checkpoint(path, name, attributes):
+    model = torch.nn.Linear(3, 2).half()
+    opt = fu.FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), dynamic_loss_scale=True, verbose=False)
+    state = opt.state_dict()
+    buffer = io.BytesIO()
+    with _apex_module(path, name, attributes) as apex_scaler:
+        state["loss_scaler"] = apex_scaler
+        torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("path,name,attributes,after_clean,after_overflow", APEX_CHECKPOINT_SCALERS,
+                         ids=[f"{p}.{n}" for p, n, *_ in APEX_CHECKPOINT_SCALERS])
+def test_apex_written_checkpoints_load_and_train_on(path, name, attributes, after_clean, after_overflow):
+    data = _apex_checkpoint(path, name, attributes)
+    with apex_aliases():
+        state = torch.load(io.BytesIO(data), weights_only=False)
+    model = torch.nn.Linear(3, 2).half()
+    opt = fu.FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), verbose=False)
+    opt.load_state_dict(state)
+    saved_scale = attributes["_loss_scale"] if "_loss_scale" in attributes else attributes["cur_scale"]
+    assert callable(opt.loss_scaler.loss_scale) and opt.loss_scale == saved_scale
+    master = opt.fp32_from_fp16_groups[0][0]
+    before = master.detach().clone()
+    opt.backward(model(torch.randn(4, 3).half()).float().mean() * 1e-2)  # the step that used to fail
+    opt.step()
+    assert not opt.overflow and not torch.equal(master, before)
+    assert opt.loss_scale == after_clean  # the saved schedule goes on (this step completes a window)
+    opt.zero_grad()
+    opt.backward(model(torch.full((4, 3), 6e4, dtype=torch.float16)).float().sum())
+    opt.step()
+    assert opt.overflow and opt.loss_scale == after_overflow
+
+
+def test_checkpoint_with_an_unknown_scaler_is_refused_at_load():
+    model = torch.nn.Linear(3, 2).half()
+    opt = fu.FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), verbose=False)
+    state = opt.state_dict()
+    state["loss_scaler"] = 128.0
+    with pytest.raises(TypeError, match="state_dict\\['loss_scaler'\\] is a builtins.float"):
+        opt.load_state_dict(state)
+
+
+def test_apex_scaler_with_an_unusable_scale_is_refused_when_unpickled():
+    data = _apex_checkpoint("apex.amp.scaler", "LossScaler", dict(APEX_AMP_SCALER, _loss_scale=float("nan")))
+    with apex_aliases(), pytest.raises(RuntimeError, match="loss scale nan"):
+        torch.load(io.BytesIO(data), weights_only=False)

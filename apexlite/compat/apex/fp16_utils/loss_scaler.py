@@ -6,29 +6,45 @@ and `scaler.update_scale(overflow)`, and divide the gradients by `scaler.loss_sc
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Any, Iterable, Tuple
 
 import torch
 
+from apexlite.compat.apex.fp16_utils.fp16util import to_python_float  # noqa: F401  (also defined here in apex)
+
+
+def _has_inf_or_nan(x: torch.Tensor) -> bool:
+    """True when the tensor holds inf or NaN (one host sync)."""
+    total = float(x.float().sum())
+    return math.isinf(total) or math.isnan(total)
+
 
 def _grads_overflow(params: Iterable[torch.Tensor]) -> bool:
-    for param in params:
-        if param.grad is not None:
-            total = float(param.grad.float().sum())
-            if math.isinf(total) or math.isnan(total):
-                return True
-    return False
+    return any(param.grad is not None and _has_inf_or_nan(param.grad) for param in params)
 
 
-class LossScaler:
-    """A fixed loss scale: never reports an overflow and never changes."""
+class _ScalerBase:
+    """What both old scalers share: the scaled backward and apex's gradient-scaling module hook."""
 
-    def __init__(self, scale: float = 1) -> None:
-        self.cur_scale = scale
+    cur_scale: float
 
     @property
     def loss_scale(self) -> float:
         return self.cur_scale
+
+    def scale_gradient(self, module: Any, grad_in: Tuple[torch.Tensor, ...], grad_out: Any) -> Tuple[torch.Tensor, ...]:
+        """A backward hook that multiplies the incoming gradients by the loss scale."""
+        return tuple(self.loss_scale * g for g in grad_in)
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
+        (loss * self.loss_scale).backward(retain_graph=retain_graph)
+
+
+class LossScaler(_ScalerBase):
+    """A fixed loss scale: never reports an overflow and never changes."""
+
+    def __init__(self, scale: float = 1) -> None:
+        self.cur_scale = scale
 
     def has_overflow(self, params: Iterable[torch.Tensor]) -> bool:
         return False
@@ -36,11 +52,8 @@ class LossScaler:
     def update_scale(self, overflow: bool) -> None:
         """A static scale does not move."""
 
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
-        (loss * self.loss_scale).backward(retain_graph=retain_graph)
 
-
-class DynamicLossScaler:
+class DynamicLossScaler(_ScalerBase):
     """Halve the scale (not below 1) on overflow; double it after `scale_window` clean iterations."""
 
     def __init__(self, init_scale: float = 2 ** 32, scale_factor: float = 2.0, scale_window: int = 1000) -> None:
@@ -50,9 +63,7 @@ class DynamicLossScaler:
         self.scale_factor = scale_factor
         self.scale_window = scale_window
 
-    @property
-    def loss_scale(self) -> float:
-        return self.cur_scale
+    _has_inf_or_nan = staticmethod(_has_inf_or_nan)
 
     def has_overflow(self, params: Iterable[torch.Tensor]) -> bool:
         """True when any gradient holds inf or NaN (one host sync per gradient)."""
@@ -65,6 +76,3 @@ class DynamicLossScaler:
         elif (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
             self.cur_scale *= self.scale_factor
         self.cur_iter += 1
-
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
-        (loss * self.loss_scale).backward(retain_graph=retain_graph)

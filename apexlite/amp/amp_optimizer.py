@@ -1,9 +1,10 @@
 """AmpOptimizer: apexlite's per-optimizer state, and how amp takes part in its step.
 
 Where amp replaces `optimizer.step`, where it uses step hooks instead, and how a step after an
-overflow is skipped is described in optimizer_step.py. Gradient bookkeeping is delegated to a strategy: `PlainGrads` (O0/O1/O3: grads live on the params the
-optimizer steps), `MasterParams` (O2: fp32 masters, see master.py) or `FusedMasterGrads` (O2 with an
-optimizer that keeps the masters and unscales in its own step, see fused_master.py).
+overflow is skipped is described in optimizer_step.py. Gradient bookkeeping is delegated to a
+strategy: `PlainGrads` (O0/O1/O3: grads live on the params the optimizer steps), `MasterParams`
+(O2: fp32 masters, see master.py) or `FusedMasterGrads` (O2 with an optimizer that keeps the
+masters and unscales in its own step, see fused_master.py).
 """
 from __future__ import annotations
 
@@ -150,7 +151,8 @@ class AmpOptimizer:
         what it needs, all through the session's Patcher."""
         patcher = self.session.patcher
         patcher.set_attribute(self.optimizer, "_amp_stash", self)
-        if replaces_step(self.optimizer, self.has_masters, self.session.patches_torch or self.session.cast_state.active):
+        casts_active = self.session.patches_torch or self.session.cast_state.active
+        if replaces_step(self.optimizer, self.has_masters, casts_active):
             # on an instance, the recorded original is the bound step the optimizer had before
             self._original_step = patcher.set_attribute(self.optimizer, "step", bind_amp_step(self.optimizer))
         else:

@@ -36,7 +36,7 @@ with an `apex` distribution ({version}) in importlib.metadata and pip:
   uninstall  remove exactly what install wrote
   status     say what is there and where `import apex` goes; exit status 0 when the alias is in place"""
 
-STAND_IN = '''"""`{name}` here is apexlite's alias, written by `python -m apexlite alias install`: the import goes to apexlite.
+STAND_IN = '''"""`{name}` here is apexlite's alias (`python -m apexlite alias install`): the import goes to apexlite.
 
 Remove it with `python -m apexlite alias uninstall` (or `pip uninstall apex`).
 """

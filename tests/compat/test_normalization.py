@@ -199,7 +199,8 @@ AUTOCAST_FUNCTIONS = [
 ]
 
 
-@pytest.mark.parametrize("function,params,reference", AUTOCAST_FUNCTIONS, ids=[f[0].__name__ for f in AUTOCAST_FUNCTIONS])
+@pytest.mark.parametrize("function,params,reference", AUTOCAST_FUNCTIONS,
+                         ids=[f[0].__name__ for f in AUTOCAST_FUNCTIONS])
 def test_functions_under_autocast_cast_their_arguments_first(function, params, reference):
     """apex's functions cast input and parameters to the autocast dtype, then normalised with fp32 stats."""
     x = torch.randn(3, 10, requires_grad=True)

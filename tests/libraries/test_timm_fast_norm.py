@@ -64,7 +64,8 @@ def _fast_norm_path(python):
 
 def _check(report):
     assert report["has_apex"] is True and report["has_apex_rmsnorm"] is True
-    assert report["same_function"] is True and report["apex_module"] == "apexlite.compat.apex.normalization.fused_layer_norm"
+    assert report["same_function"] is True
+    assert report["apex_module"] == "apexlite.compat.apex.normalization.fused_layer_norm"
     assert report["layer_norm_error"] < 1e-5
     assert report["rms_norm_error"] < 1e-5 and report["rms_plain_error"] < 1e-5
     # apex's functions under autocast: inputs cast to bf16, fp32 statistics, bf16 out (timm relies on this)

@@ -2,7 +2,8 @@
 
 Two fresh venvs (`python -m venv --without-pip`) that see this interpreter's packages through the same
 .pth; the alias is installed into one. `python -c pass` and `python -c "import json"` are timed in
-both, alternating, and the medians compared. Usage: python bench/bench_alias_startup.py [--runs N]
+both, alternating, and the medians compared; and the modules each has imported when `-c` code starts.
+Usage: python bench/bench_alias_startup.py [--runs N]
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Dict, List
 
 COMMANDS = {"python -c pass": ["-c", "pass"], 'python -c "import json"': ["-c", "import json"]}
+LIST_MODULES = "import sys; print(' '.join(sorted(sys.modules)))"
 
 
 def make_venv(root: Path) -> Path:
@@ -60,6 +62,10 @@ def main() -> None:
                 times["aliased"].append(time_once(aliased, args, env))
             without, with_alias = (statistics.median(times[key]) * 1e3 for key in ("plain", "aliased"))
             print(f"| `{label}` | {without:.1f} | {with_alias:.1f} | {with_alias - without:+.1f} |")
+        modules = [set(subprocess.run([str(python), "-c", LIST_MODULES], capture_output=True, text=True, env=env,
+                                      check=True).stdout.split()) for python in (plain, aliased)]
+        print(f"modules imported at start-up: {len(modules[0])} without the alias, {len(modules[1])} with it; "
+              f"only with it: {sorted(modules[1] - modules[0]) or 'none'}")
 
 
 if __name__ == "__main__":

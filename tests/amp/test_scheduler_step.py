@@ -216,3 +216,44 @@ def test_hooked_step_refuses_a_step_that_bypassed_the_skip():
     optimizer.step()  # the attribute still skips
     for before, after in zip(params_before, model.parameters()):
         assert torch.equal(before, after)
+
+
+class _Wrapper:
+    """An optimizer wrapper that is not a torch optimizer (as LARC is): no step hooks of its own."""
+
+    def __init__(self, optimizer):
+        self.optim = optimizer
+
+    @property
+    def param_groups(self):
+        return self.optim.param_groups
+
+    @property
+    def state(self):
+        return self.optim.state
+
+    def step(self):
+        return self.optim.step()
+
+    def zero_grad(self, set_to_none=True):
+        self.optim.zero_grad(set_to_none=set_to_none)
+
+
+def test_a_wrapper_without_step_hooks_gets_the_replaced_step_and_still_skips():
+    model, inner = _model_and_optimizer()
+    wrapper = _Wrapper(inner)
+    amp.initialize(model, wrapper, opt_level="O0", loss_scale="dynamic", verbosity=0)
+    assert "step" in vars(wrapper) and not inner._optimizer_step_pre_hooks
+    params_before = [p.detach().clone() for p in model.parameters()]
+    with amp.scale_loss(model(torch.randn(2, 8)).sum() * 1e38, wrapper) as scaled:
+        scaled.backward()
+    wrapper.step()
+    assert all(torch.equal(b, a) for b, a in zip(params_before, model.parameters()))
+    wrapper.zero_grad()
+    with amp.scale_loss(model(torch.randn(2, 8)).sum(), wrapper) as scaled:
+        scaled.backward()
+    wrapper.step()
+    assert not all(torch.equal(b, a) for b, a in zip(params_before, model.parameters()))
+    assert current_session().stats.steps == 1 and current_session().stats.skipped_steps == 1
+    amp.deinitialize()
+    assert "step" not in vars(wrapper)

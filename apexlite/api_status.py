@@ -37,8 +37,8 @@ class ApiStatus:
         return f"{self.kind}: {self.note}" if self.note else self.kind
 
 
-_KERNEL_NORM = ("torch ops (fp32 statistics) instead of apex's CUDA kernel, same results; memory_efficient is "
-                "accepted and has no effect")
+_KERNEL_NORM = ("torch ops (fp32 statistics) instead of apex's CUDA kernel, same results on any device; "
+                "memory_efficient saves the output instead of the input, as apex did")
 _TORCH_OPT = "a torch implementation of apex's update rule, not a fused kernel; same results"
 _AMP_C = "torch ops instead of apex's CUDA kernel, same results and shapes; chunk_size is accepted and unused"
 _OPT_KERNEL = "apex's optimizer kernel is not exposed; use the optimizer class apex.optimizers.{}"
@@ -115,9 +115,18 @@ TABLE: Tuple[ApiStatus, ...] = (
     # apex.normalization
     *_rows(DIFFERS, _KERNEL_NORM, [
         f"apex.normalization.{name}" for name in (
+            "FusedLayerNorm", "FusedRMSNorm", "MixedFusedLayerNorm", "MixedFusedRMSNorm")]),
+    *_rows(DIFFERS, _KERNEL_NORM, [
+        f"apex.normalization.fused_layer_norm.{name}" for name in (
             "FusedLayerNorm", "FusedRMSNorm", "MixedFusedLayerNorm", "MixedFusedRMSNorm", "fused_layer_norm",
             "fused_layer_norm_affine", "fused_rms_norm", "fused_rms_norm_affine",
-            "mixed_dtype_fused_layer_norm_affine", "mixed_dtype_fused_rms_norm_affine")]),
+            "mixed_dtype_fused_layer_norm_affine", "mixed_dtype_fused_rms_norm_affine",
+            "FusedLayerNormAffineFunction", "FusedLayerNormAffineMixedDtypesFunction", "FusedLayerNormFunction",
+            "FusedRMSNormAffineFunction", "FusedRMSNormAffineMixedDtypesFunction", "FusedRMSNormFunction")]),
+    *_rows(DIFFERS, "plain functions on torch ops, not torch.library custom ops; same results and shapes", [
+        f"apex.normalization.fused_layer_norm.{op}{suffix}"
+        for op in ("fused_layer_norm_affine", "fused_layer_norm", "fused_rms_norm_affine", "fused_rms_norm")
+        for suffix in ("_fwd", "_bwd", "_fwd_fake", "_bwd_fake")]),
     # apex.multi_tensor_apply and amp_C
     *_rows(DIFFERS, "always available (torch foreach ops, any device); chunk_size is accepted and unused",
            ["apex.multi_tensor_apply.multi_tensor_applier", "apex.multi_tensor_apply.MultiTensorApply"]),

@@ -11,13 +11,17 @@ COMMANDS = {
     "sweep": ("apexlite.sweep", "run a script once per opt level / dtype and compare the runs"),
     "check": ("apexlite.check", "list the apex APIs a script uses and their status in apexlite"),
     "doctor": ("apexlite.doctor", "report torch/CUDA versions and which FusedAdam path is active"),
+    "alias": ("apexlite.compat.alias", "install|uninstall|status: make this environment's `apex` apexlite"),
 }
+WAYS_IN = ("`import apex` resolves to apexlite: for one script with `run`, for the whole environment with\n"
+           "`alias install`, or from inside a process (a notebook's first cell, a script a launcher starts)\n"
+           "with `import apexlite; apexlite.install()`.")
 
 
 def _usage() -> str:
     lines = ["usage: python -m apexlite COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:8} {help_}" for name, (_, help_) in COMMANDS.items()]
-    return "\n".join(lines)
+    return "\n".join(lines + ["", WAYS_IN])
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -1,183 +1,181 @@
-"""apex's fused LayerNorm/RMSNorm modules and functions, on torch ops with fp32 math.
+"""apex's fused LayerNorm/RMSNorm modules and functions, on torch ops with fp32 statistics, any device.
 
-Dtype contract (apex's fused kernels): FusedLayerNorm/FusedRMSNorm return the input's dtype;
-the Mixed* variants (always affine) return the parameters' dtype, so fp16/bf16 activations can
-feed fp32-kept norm weights. Statistics are always computed in fp32. The functional forms follow
-apex under torch.autocast: their arguments are cast to the autocast dtype first.
+Dtype contract (apex's fused kernels): FusedLayerNorm/FusedRMSNorm return the input's dtype; the
+Mixed* variants (always affine) return the parameters' dtype, so fp16/bf16 activations can feed
+fp32-kept norm weights. Statistics are computed in fp32 (float64 inputs in float64). Under
+torch.autocast the functions and modules first cast their floating arguments (not float64) to the
+autocast dtype, as apex's did, then run with autocast off. The autograd Functions themselves are
+in norm_functions.py.
 """
 from __future__ import annotations
 
-import numbers
-from typing import Optional, Sequence, Tuple, Union
+import warnings
+from typing import Any, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
-from apexlite._logging import get_logger
+from apexlite.norm_functions import (
+    FusedLayerNormAffineFunction, FusedLayerNormAffineMixedDtypesFunction, FusedLayerNormFunction,
+    FusedRMSNormAffineFunction, FusedRMSNormAffineMixedDtypesFunction, FusedRMSNormFunction, Shape, as_shape,
+)
 
-log = get_logger("normalization")
-Shape = Union[int, Sequence[int], torch.Size]
-
-
-def _as_shape(normalized_shape: Shape) -> Tuple[int, ...]:
-    if isinstance(normalized_shape, numbers.Integral):
-        return (int(normalized_shape),)
-    return tuple(normalized_shape)
-
-
-def _float(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    return None if t is None else t.float()
+__all__ = [
+    "FusedLayerNorm", "FusedRMSNorm", "MixedFusedLayerNorm", "MixedFusedRMSNorm",
+    "FusedLayerNormAffineFunction", "FusedLayerNormAffineMixedDtypesFunction", "FusedLayerNormFunction",
+    "FusedRMSNormAffineFunction", "FusedRMSNormAffineMixedDtypesFunction", "FusedRMSNormFunction",
+    "fused_layer_norm", "fused_layer_norm_affine", "fused_rms_norm", "fused_rms_norm_affine",
+    "mixed_dtype_fused_layer_norm_affine", "mixed_dtype_fused_rms_norm_affine",
+]
 
 
-def _layer_norm(x: torch.Tensor, shape: Tuple[int, ...], weight: Optional[torch.Tensor],
-                bias: Optional[torch.Tensor], eps: float, out_dtype: torch.dtype) -> torch.Tensor:
-    return F.layer_norm(x.float(), shape, _float(weight), _float(bias), eps).to(out_dtype)
+def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The autocast dtype active for `device_type`, or None (torch >= 2.4 API, with the older fallback)."""
+    try:
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    except (AttributeError, TypeError):  # torch < 2.4: per-device functions for cuda and cpu only
+        if device_type == "cuda":
+            return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+        if device_type == "cpu":
+            return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+        return None
 
 
-def _rms_norm(x: torch.Tensor, shape: Tuple[int, ...], weight: Optional[torch.Tensor], eps: float,
-              out_dtype: torch.dtype) -> torch.Tensor:
-    dims = tuple(range(-len(shape), 0))
-    x32 = x.float()
-    y = x32 * torch.rsqrt(x32.pow(2).mean(dims, keepdim=True) + eps)
-    if weight is not None:
-        y = y * weight.float()
-    return y.to(out_dtype)
-
-
-def _autocast_args(*tensors: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], ...]:
-    """Under torch.autocast, cast floating args to the autocast dtype (what apex's functions did)."""
-    device = next((t.device.type for t in tensors if t is not None), "cpu")
-    if not torch.is_autocast_enabled(device):
-        return tensors
-    dtype = torch.get_autocast_dtype(device)
-    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
+def cast_if_autocast_enabled(*args: Any) -> Tuple[Any, ...]:
+    """Under autocast, floating (non-float64) tensors on the autocast device go to its dtype."""
+    device_type = next((arg.device.type for arg in args if isinstance(arg, torch.Tensor)), "cpu")
+    dtype = autocast_dtype(device_type)
+    if dtype is None:
+        return args
+    return tuple(arg.to(dtype) if isinstance(arg, torch.Tensor) and arg.is_floating_point()
+                 and arg.dtype is not torch.float64 and arg.device.type == device_type else arg for arg in args)
 
 
 def fused_layer_norm_affine(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                            normalized_shape: Shape, eps: float = 1e-6,
-                            memory_efficient: bool = False) -> torch.Tensor:
+                            normalized_shape: Shape, eps: float = 1e-6, memory_efficient: bool = False) -> torch.Tensor:
     """LayerNorm with weight and bias; output in the input's dtype."""
-    input, weight, bias = _autocast_args(input, weight, bias)
-    return _layer_norm(input, _as_shape(normalized_shape), weight, bias, eps, input.dtype)
+    return FusedLayerNormAffineFunction.apply(
+        *cast_if_autocast_enabled(input, weight, bias, normalized_shape, eps, memory_efficient))
 
 
 def fused_layer_norm(input: torch.Tensor, normalized_shape: Shape, eps: float = 1e-6,
                      memory_efficient: bool = False) -> torch.Tensor:
     """LayerNorm without affine parameters; output in the input's dtype."""
-    (input,) = _autocast_args(input)
-    return _layer_norm(input, _as_shape(normalized_shape), None, None, eps, input.dtype)
+    return FusedLayerNormFunction.apply(*cast_if_autocast_enabled(input, normalized_shape, eps, memory_efficient))
 
 
 def mixed_dtype_fused_layer_norm_affine(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                                         normalized_shape: Shape, eps: float = 1e-6,
                                         memory_efficient: bool = False) -> torch.Tensor:
     """LayerNorm with weight and bias; output in the weight's dtype."""
-    input, weight, bias = _autocast_args(input, weight, bias)
-    return _layer_norm(input, _as_shape(normalized_shape), weight, bias, eps, weight.dtype)
+    return FusedLayerNormAffineMixedDtypesFunction.apply(
+        *cast_if_autocast_enabled(input, weight, bias, normalized_shape, eps, memory_efficient))
 
 
 def fused_rms_norm_affine(input: torch.Tensor, weight: torch.Tensor, normalized_shape: Shape,
                           eps: float = 1e-6, memory_efficient: bool = False) -> torch.Tensor:
     """RMSNorm with a weight; output in the input's dtype."""
-    input, weight = _autocast_args(input, weight)
-    return _rms_norm(input, _as_shape(normalized_shape), weight, eps, input.dtype)
+    return FusedRMSNormAffineFunction.apply(
+        *cast_if_autocast_enabled(input, weight, normalized_shape, eps, memory_efficient))
 
 
 def fused_rms_norm(input: torch.Tensor, normalized_shape: Shape, eps: float = 1e-6,
                    memory_efficient: bool = False) -> torch.Tensor:
     """RMSNorm without a weight; output in the input's dtype."""
-    (input,) = _autocast_args(input)
-    return _rms_norm(input, _as_shape(normalized_shape), None, eps, input.dtype)
+    return FusedRMSNormFunction.apply(*cast_if_autocast_enabled(input, normalized_shape, eps, memory_efficient))
 
 
 def mixed_dtype_fused_rms_norm_affine(input: torch.Tensor, weight: torch.Tensor, normalized_shape: Shape,
                                       eps: float = 1e-6, memory_efficient: bool = False) -> torch.Tensor:
     """RMSNorm with a weight; output in the weight's dtype."""
-    input, weight = _autocast_args(input, weight)
-    return _rms_norm(input, _as_shape(normalized_shape), weight, eps, weight.dtype)
+    return FusedRMSNormAffineMixedDtypesFunction.apply(
+        *cast_if_autocast_enabled(input, weight, normalized_shape, eps, memory_efficient))
 
 
-class FusedLayerNorm(torch.nn.Module):
+class _FusedNorm(torch.nn.Module):
+    """What FusedLayerNorm and FusedRMSNorm share: apex's constructor arguments and attributes."""
+
+    has_bias = True
+
+    def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 memory_efficient: bool = False) -> None:
+        super().__init__()
+        self.normalized_shape = torch.Size(as_shape(normalized_shape))
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.memory_efficient = memory_efficient
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(torch.empty(self.normalized_shape))
+            if self.has_bias:
+                self.bias = torch.nn.Parameter(torch.empty(self.normalized_shape))
+        else:
+            self.register_parameter("weight", None)
+            if self.has_bias:
+                self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Weight to ones (and bias to zeros)."""
+        if self.elementwise_affine:
+            torch.nn.init.ones_(self.weight)
+            if self.has_bias:
+                torch.nn.init.zeros_(self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class FusedLayerNorm(_FusedNorm):
     """apex.normalization.FusedLayerNorm: torch.nn.LayerNorm's maths, output in the input's dtype."""
 
-    def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 memory_efficient: bool = False) -> None:
-        super().__init__()
-        self.normalized_shape = _as_shape(normalized_shape)
-        self.eps = eps
-        self.elementwise_affine = elementwise_affine
-        self.memory_efficient = memory_efficient
-        if elementwise_affine:
-            self.weight = torch.nn.Parameter(torch.ones(self.normalized_shape))
-            self.bias = torch.nn.Parameter(torch.zeros(self.normalized_shape))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return _layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps, self._out_dtype(input))
-
-    def _out_dtype(self, input: torch.Tensor) -> torch.dtype:
-        return input.dtype
-
-    def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        if self.elementwise_affine:
+            return fused_layer_norm_affine(input, self.weight, self.bias, self.normalized_shape, self.eps,
+                                           self.memory_efficient)
+        return fused_layer_norm(input, self.normalized_shape, self.eps, self.memory_efficient)
 
 
-class FusedRMSNorm(torch.nn.Module):
+class FusedRMSNorm(_FusedNorm):
     """apex.normalization.FusedRMSNorm: x / sqrt(mean(x^2) + eps) * weight, output in the input's dtype."""
 
-    def __init__(self, normalized_shape: Shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 memory_efficient: bool = False) -> None:
-        super().__init__()
-        self.normalized_shape = _as_shape(normalized_shape)
-        self.eps = eps
-        self.elementwise_affine = elementwise_affine
-        self.memory_efficient = memory_efficient
-        if elementwise_affine:
-            self.weight = torch.nn.Parameter(torch.ones(self.normalized_shape))
-        else:
-            self.register_parameter("weight", None)
+    has_bias = False
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return _rms_norm(input, self.normalized_shape, self.weight, self.eps, self._out_dtype(input))
-
-    def _out_dtype(self, input: torch.Tensor) -> torch.dtype:
-        return input.dtype
-
-    def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        if self.elementwise_affine:
+            return fused_rms_norm_affine(input, self.weight, self.normalized_shape, self.eps, self.memory_efficient)
+        return fused_rms_norm(input, self.normalized_shape, self.eps, self.memory_efficient)
 
 
-def _check_mixed_affine(cls_name: str, norm: str, kwargs: dict) -> None:
+def _mixed_is_affine(cls_name: str, kwargs: dict) -> None:
+    """The Mixed* norms are always affine: `elementwise_affine` warns, and False raises (as in apex)."""
     if "elementwise_affine" in kwargs:
+        warnings.warn(f"{cls_name} does not support `elementwise_affine` argument")
         if not kwargs.pop("elementwise_affine"):
-            raise RuntimeError(f"{cls_name} does not support `elementwise_affine = False`; use Fused{norm} "
-                               "for a norm without parameters.")
-        log.warning("%s does not support `elementwise_affine` argument (it is always affine)", cls_name)
+            raise RuntimeError(f"{cls_name} does not support `elementwise_affine = False`")
     if kwargs:
-        raise TypeError(f"{cls_name} got unexpected arguments {sorted(kwargs)}")
+        raise TypeError(f"{cls_name}.__init__() got unexpected keyword arguments {sorted(kwargs)}")
 
 
 class MixedFusedLayerNorm(FusedLayerNorm):
     """Always-affine FusedLayerNorm whose output takes the parameters' dtype."""
 
     def __init__(self, normalized_shape: Shape, eps: float = 1e-5, *, memory_efficient: bool = False,
-                 **kwargs: bool) -> None:
-        _check_mixed_affine("MixedFusedLayerNorm", "LayerNorm", kwargs)
+                 **kwargs: Any) -> None:
+        _mixed_is_affine("MixedFusedLayerNorm", kwargs)
         super().__init__(normalized_shape, eps, True, memory_efficient)
 
-    def _out_dtype(self, input: torch.Tensor) -> torch.dtype:
-        return self.weight.dtype
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return mixed_dtype_fused_layer_norm_affine(input, self.weight, self.bias, self.normalized_shape, self.eps,
+                                                   self.memory_efficient)
 
 
 class MixedFusedRMSNorm(FusedRMSNorm):
     """Always-affine FusedRMSNorm whose output takes the weight's dtype."""
 
     def __init__(self, normalized_shape: Shape, eps: float = 1e-5, *, memory_efficient: bool = False,
-                 **kwargs: bool) -> None:
-        _check_mixed_affine("MixedFusedRMSNorm", "RMSNorm", kwargs)
+                 **kwargs: Any) -> None:
+        _mixed_is_affine("MixedFusedRMSNorm", kwargs)
         super().__init__(normalized_shape, eps, True, memory_efficient)
 
-    def _out_dtype(self, input: torch.Tensor) -> torch.dtype:
-        return self.weight.dtype
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return mixed_dtype_fused_rms_norm_affine(input, self.weight, self.normalized_shape, self.eps,
+                                                 self.memory_efficient)

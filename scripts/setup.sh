@@ -46,11 +46,18 @@ STAMP_DIR=build/install-stamps
 STAMP_FILE=$STAMP_DIR/$("$PY" -c 'import hashlib, sys; print(hashlib.sha256(sys.prefix.encode()).hexdigest()[:16])').json
 if [ -f "$STAMP_FILE" ] && [ "$(stamp)" = "$(cat "$STAMP_FILE")" ]; then
     echo "setup: nothing changed since the last install into $("$PY" -c 'import sys; print(sys.prefix)'); skipped" >&2
-    exit 0
+else
+    "$PY" -m pip install --quiet "torch==2.13.0" "wrapt>=1.14" "pytest>=7" setuptools wheel
+    # --no-build-isolation: build against the torch installed above, never download another one.
+    "$PY" -m pip install --quiet --no-build-isolation --no-deps -e .
+    mkdir -p "$STAMP_DIR"
+    stamp > "$STAMP_FILE"
 fi
 
-"$PY" -m pip install --quiet "torch==2.13.0" "wrapt>=1.14" "pytest>=7" setuptools wheel
-# --no-build-isolation: build against the torch installed above, never download another one.
-"$PY" -m pip install --quiet --no-build-isolation --no-deps -e .
-mkdir -p "$STAMP_DIR"
-stamp > "$STAMP_FILE"
+# timm, transformers and accelerate (pyproject's test-libraries extra) for tests/libraries, in a venv of
+# their own that sees this one's packages, so this venv stays without numpy. The script returns at once
+# when the pinned versions are already there. APEXLITE_SKIP_TEST_LIBRARIES=1 leaves them out (those tests
+# then skip, saying why).
+if [ "${APEXLITE_SKIP_TEST_LIBRARIES:-0}" != 1 ]; then
+    "$PY" scripts/install_test_libraries.py
+fi

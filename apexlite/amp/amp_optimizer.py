@@ -1,9 +1,10 @@
-"""AmpOptimizer: apexlite's per-optimizer state, and the one step wrapper that skips overflowing steps.
+"""AmpOptimizer: apexlite's per-optimizer state, and how amp takes part in its step.
 
-The wrapper is installed once through the session's Patcher (never swapped per overflow). Gradient
-bookkeeping is delegated to a strategy: `PlainGrads` (O0/O1/O3: grads live on the params the
-optimizer steps), `MasterParams` (O2: fp32 masters, see master.py) or `FusedMasterGrads` (O2 with an
-optimizer that keeps the masters and unscales in its own step, see fused_master.py).
+Where amp replaces `optimizer.step`, where it uses step hooks instead, and how a step after an
+overflow is skipped is described in optimizer_step.py. Gradient bookkeeping is delegated to a
+strategy: `PlainGrads` (O0/O1/O3: grads live on the params the optimizer steps), `MasterParams`
+(O2: fp32 masters, see master.py) or `FusedMasterGrads` (O2 with an optimizer that keeps the
+masters and unscales in its own step, see fused_master.py).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from apexlite._logging import get_logger
 from apexlite.amp.checkpoint_convert import copy_masters_into_params, take_masters_for_params
 from apexlite.amp.errors import AmpUsageError, AmpStateError
 from apexlite.amp.o1.patcher import Patcher
+from apexlite.amp.optimizer_step import OneShotSkip, bind_amp_step, replaces_step
 from apexlite.amp.scaler import LossScaler
 
 log = get_logger("amp")
@@ -130,25 +132,42 @@ class AmpOptimizer:
         self.params_have_scaled_gradients = False
         self.lazy_init_called = True  # masters are built eagerly; kept for code that reads the flag
         self._pending_skip: Optional[Tuple[int, LossScaler]] = None
-        self._original_step = None
+        self._skip = OneShotSkip(optimizer)
+        self._original_step: Optional[Callable[..., Any]] = None  # set where amp replaces the step
+        self._hooked_depth = 0  # nesting of hooked steps (a subclass's step calling its base's step)
 
     # apex exposed this on `optimizer._amp_stash`; some libraries read it
     @property
     def already_patched(self) -> bool:
         return self._pending_skip is not None
 
+    @property
+    def replaced_step(self) -> bool:
+        """True where amp replaced `optimizer.step` (master weights, O1 casts), as apex did."""
+        return self._original_step is not None
+
     def install(self) -> None:
-        """Wrap step (and let the grad strategy wrap what it needs) through the session's Patcher."""
+        """Reach the step (replaced or hooked, see optimizer_step.py) and let the grad strategy wrap
+        what it needs, all through the session's Patcher."""
         patcher = self.session.patcher
-        # on an instance, the recorded original is the bound step the optimizer had before
-        self._original_step = patcher.set_attribute(self.optimizer, "step", self._step)
         patcher.set_attribute(self.optimizer, "_amp_stash", self)
+        casts_active = self.session.patches_torch or self.session.cast_state.active
+        if replaces_step(self.optimizer, self.has_masters, casts_active):
+            # on an instance, the recorded original is the bound step the optimizer had before
+            self._original_step = patcher.set_attribute(self.optimizer, "step", bind_amp_step(self.optimizer))
+        else:
+            label = type(self.optimizer).__name__
+            patcher.add_handle(self.optimizer.register_step_pre_hook(self._before_hooked_step),
+                               f"{label} step pre-hook")
+            patcher.add_handle(self.optimizer.register_step_post_hook(self._after_hooked_step),
+                               f"{label} step post-hook")
         install = getattr(self.grads, "install", None)
         if install is not None:
             install(patcher)
 
     # --- backward bookkeeping, called by scale_loss ---------------------------------------------
     def prepare_backward(self) -> None:
+        self._hooked_depth = 0  # a step that raised inside its hooks ended there
         if not self.params_have_scaled_gradients:
             self.grads.prepare()
 
@@ -173,11 +192,13 @@ class AmpOptimizer:
         return not isinstance(self.grads, PlainGrads)
 
     def skip_next_step(self, loss_id: int, scaler: LossScaler) -> None:
+        """The next `optimizer.step()` is skipped (one-shot, as apex did it)."""
         if self._pending_skip is None:
             self._pending_skip = (loss_id, scaler)
+            self._skip.install()
 
-    # --- the step wrapper -----------------------------------------------------------------------
-    def _step(self, closure=None, *args, **kwargs):
+    # --- the step ------------------------------------------------------------------------------
+    def _check_step_call(self, closure: Any) -> None:
         if closure is not None:
             raise AmpUsageError(
                 "optimizer.step(closure) is not supported under apexlite.amp: a closure's backward "
@@ -190,14 +211,27 @@ class AmpOptimizer:
                 "amp.scale_loss used delay_unscale=True. Finish the accumulation with one scale_loss "
                 "block with delay_unscale=False (the default) before stepping."
             )
+
+    def step_call(self, closure: Any, args: tuple, kwargs: dict) -> Any:
+        """`optimizer.step(...)` where amp bound its step (see optimizer_step.amp_step)."""
+        self._check_step_call(closure)
         if self._pending_skip is not None:
-            loss_id, scaler = self._pending_skip
-            self._pending_skip = None
-            template = OVERFLOW_MESSAGE if scaler.dynamic else STATIC_OVERFLOW_MESSAGE
-            self.session.info(template.format(loss_id, scaler.loss_scale()), all_ranks=True)
-            self.grads.on_skip()
-            self.session.stats.record_step(skipped=True)
-            return None
+            return self._skip_step()
+        if self.replaced_step:
+            return self._run_replaced_step(args, kwargs)
+        return self._skip.step_beneath()(*args, **kwargs)  # the one-shot skip was wrapped and outlived
+
+    def _skip_step(self) -> None:
+        loss_id, scaler = self._pending_skip
+        self._pending_skip = None
+        self._skip.remove()
+        template = OVERFLOW_MESSAGE if scaler.dynamic else STATIC_OVERFLOW_MESSAGE
+        self.session.info(template.format(loss_id, scaler.loss_scale()), all_ranks=True)
+        self.grads.on_skip()
+        self.session.stats.record_step(skipped=True)
+        return None
+
+    def _run_replaced_step(self, args: tuple, kwargs: dict) -> Any:
         self.grads.before_step()
         try:
             if self.session.cast_state.active:  # O1: the update itself runs in the params' own dtypes
@@ -208,13 +242,45 @@ class AmpOptimizer:
         except BaseException:
             self.grads.finish_step()
             raise
+        self._step_done()
+        return result
+
+    def _step_done(self) -> None:
         self.grads.after_step()
         self.session.cache.clear()
         self.session.stats.record_step(skipped=False)
-        return result
+
+    def _before_hooked_step(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        """Step pre-hook (O0/O3): the checks of a replaced step; nested calls pass through."""
+        self._hooked_depth += 1
+        if self._hooked_depth > 1:
+            return None
+        try:
+            self._check_step_call(args[1] if len(args) > 1 else kwargs.get("closure"))
+            if self._pending_skip is not None:
+                raise AmpStateError(
+                    "optimizer.step was reached without going through the `optimizer.step` attribute after "
+                    "a gradient overflow, so amp could not skip it (was a reference to optimizer.step or "
+                    "the class's step called?). Call optimizer.step() on the optimizer after each "
+                    "amp.scale_loss block."
+                )
+        except BaseException:
+            self._hooked_depth = 0
+            raise
+        self.grads.before_step()
+        return None
+
+    def _after_hooked_step(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        """Step post-hook (O0/O3): the bookkeeping of a replaced step, once per outermost step."""
+        self._hooked_depth -= 1
+        if self._hooked_depth > 0:
+            return
+        self._hooked_depth = 0
+        self._step_done()
 
     def detach(self) -> None:
-        """Session teardown: forget pending state; the grad strategy restores what it changed."""
+        """Session teardown: forget pending state and a pending skip; the grad strategy restores what it changed."""
         self._pending_skip = None
+        self._skip.remove()
         self.params_have_scaled_gradients = False
         self.grads.detach()

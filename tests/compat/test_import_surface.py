@@ -31,9 +31,13 @@ LEGACY_NAMES = {
                         "BN_convert_float", "to_python_float", "clip_grad_norm", "convert_module",
                         "convert_network", "LossScaler", "DynamicLossScaler"],
     "apex.normalization": ["FusedLayerNorm", "FusedRMSNorm", "MixedFusedLayerNorm", "MixedFusedRMSNorm",
-                           "fused_layer_norm", "fused_layer_norm_affine", "fused_rms_norm",
-                           "fused_rms_norm_affine", "mixed_dtype_fused_layer_norm_affine",
-                           "mixed_dtype_fused_rms_norm_affine"],
+                           "fused_layer_norm"],
+    "apex.normalization.fused_layer_norm": [
+        "FusedLayerNorm", "FusedRMSNorm", "MixedFusedLayerNorm", "MixedFusedRMSNorm", "fused_layer_norm",
+        "fused_layer_norm_affine", "fused_rms_norm", "fused_rms_norm_affine", "mixed_dtype_fused_layer_norm_affine",
+        "mixed_dtype_fused_rms_norm_affine", "FusedLayerNormAffineFunction", "FusedRMSNormAffineFunction",
+        "FusedLayerNormAffineMixedDtypesFunction", "FusedRMSNormAffineMixedDtypesFunction", "FusedLayerNormFunction",
+        "FusedRMSNormFunction"],
     "apex.multi_tensor_apply": ["multi_tensor_applier", "MultiTensorApply"],
     "amp_C": ["multi_tensor_scale", "multi_tensor_axpby", "multi_tensor_l2norm"],
 }

@@ -22,6 +22,8 @@ import sys
 LEGACY_TOP_LEVEL = ("apex", "amp_C")
 # apex's own setup.py said version "0.1"; the local label says who provides it (PEP 440: 0.1 <= this).
 APEX_DISTRIBUTION_VERSION = "0.1+apexlite"
+# what `python -m apexlite alias install` writes into site-packages; found there, it answers for apex itself
+ALIAS_DIST_INFO = f"apex-{APEX_DISTRIBUTION_VERSION}.dist-info"
 _METADATA = (
     "Metadata-Version: 2.1\n"
     "Name: apex\n"
@@ -43,9 +45,14 @@ class ApexDistribution(importlib.metadata.Distribution):
 
 
 def apex_distributions(context):
-    """`[ApexDistribution()]` when `context` asks for apex (or for every distribution), else []."""
+    """`[ApexDistribution()]` when `context` asks for apex (or for every distribution), else [].
+
+    Also [] where apexlite's alias is installed on the path searched: its dist-info on disk answers.
+    """
     name = getattr(context, "name", None)
     if name is not None and re.sub(r"[-_.]+", "_", name).lower() != "apex":
+        return []
+    if any(os.path.isdir(os.path.join(entry or os.curdir, ALIAS_DIST_INFO)) for entry in context.path):
         return []
     return [ApexDistribution()]
 

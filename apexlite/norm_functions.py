@@ -1,0 +1,162 @@
+"""apex's fused LayerNorm/RMSNorm autograd Functions, on the torch-op maths of norm_math.
+
+Each Function takes apex's forward arguments in apex's order and is used through `.apply`, as
+libraries written against apex call them. The `*Affine*` ones take a weight (and LayerNorm a bias)
+and return the input's dtype; the `*MixedDtypes*` ones return the weight's dtype. With
+`memory_efficient` the output is saved for the backward instead of the input (apex's trade: less
+memory, the normalised values recovered from the output). The `*WithStats` Functions also return
+the flat statistics, for apex's `*_fwd` operator functions.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import torch
+
+from apexlite import norm_math
+
+Shape = Union[int, Sequence[int], torch.Size]
+
+
+def as_shape(normalized_shape: Shape) -> Tuple[int, ...]:
+    """normalized_shape as a tuple of ints (an int means the last dim)."""
+    if isinstance(normalized_shape, numbers.Integral):
+        return (int(normalized_shape),)
+    return tuple(int(size) for size in normalized_shape)
+
+
+# --- LayerNorm -------------------------------------------------------------------------------------
+def _layer_norm_forward(ctx: Any, input: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                        normalized_shape: Shape, eps: float, memory_efficient: bool,
+                        out_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    shape = as_shape(normalized_shape)
+    norm_math.check_shapes(input, shape, weight, bias)
+    output, mean, invvar = norm_math.layer_norm_forward(input, shape, weight, bias, eps, out_dtype)
+    ctx.normalized_shape, ctx.eps, ctx.memory_efficient = shape, eps, bool(memory_efficient)
+    ctx.input_dtype = input.dtype
+    if memory_efficient:
+        ctx.save_for_backward(output, weight, bias, None, invvar)
+    else:
+        ctx.save_for_backward(input, weight, bias, mean, invvar)
+    return output, mean, invvar
+
+
+def _layer_norm_grads(ctx: Any, grad_output: torch.Tensor):
+    input_or_output, weight, bias, mean, invvar = ctx.saved_tensors
+    grad_input, grad_weight, grad_bias = norm_math.layer_norm_backward(
+        grad_output, mean, invvar, input_or_output, ctx.normalized_shape, weight, bias, ctx.eps,
+        ctx.memory_efficient)
+    return grad_input.to(ctx.input_dtype), grad_weight, grad_bias
+
+
+class FusedLayerNormAffineFunction(torch.autograd.Function):
+    """LayerNorm with weight and bias; output in the input's dtype."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, normalized_shape, eps, memory_efficient=False):
+        return _layer_norm_forward(ctx, input, weight, bias, normalized_shape, eps, memory_efficient, input.dtype)[0]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return (*_layer_norm_grads(ctx, grad_output), None, None, None)
+
+
+class FusedLayerNormAffineMixedDtypesFunction(FusedLayerNormAffineFunction):
+    """LayerNorm with weight and bias; output in the weight's dtype (fp16 input, fp32 parameters)."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, normalized_shape, eps, memory_efficient=False):
+        return _layer_norm_forward(ctx, input, weight, bias, normalized_shape, eps, memory_efficient, weight.dtype)[0]
+
+
+class FusedLayerNormFunction(torch.autograd.Function):
+    """LayerNorm without parameters; output in the input's dtype."""
+
+    @staticmethod
+    def forward(ctx, input, normalized_shape, eps, memory_efficient=False):
+        return _layer_norm_forward(ctx, input, None, None, normalized_shape, eps, memory_efficient, input.dtype)[0]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _layer_norm_grads(ctx, grad_output)[0], None, None, None
+
+
+class LayerNormWithStatsFunction(torch.autograd.Function):
+    """(output, mean, invvar) of a LayerNorm (weight and bias may be None); differentiable in output."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, normalized_shape, eps, memory_efficient=False):
+        output, mean, invvar = _layer_norm_forward(ctx, input, weight, bias, normalized_shape, eps,
+                                                   memory_efficient, input.dtype)
+        ctx.mark_non_differentiable(mean, invvar)
+        return output, mean, invvar
+
+    @staticmethod
+    def backward(ctx, grad_output, grad_mean, grad_invvar):
+        return (*_layer_norm_grads(ctx, grad_output), None, None, None)
+
+
+# --- RMSNorm ---------------------------------------------------------------------------------------
+def _rms_norm_forward(ctx: Any, input: torch.Tensor, weight: Optional[torch.Tensor], normalized_shape: Shape,
+                      eps: float, memory_efficient: bool, out_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    shape = as_shape(normalized_shape)
+    norm_math.check_shapes(input, shape, weight)
+    output, invvar = norm_math.rms_norm_forward(input, shape, weight, eps, out_dtype)
+    ctx.normalized_shape, ctx.eps, ctx.memory_efficient = shape, eps, bool(memory_efficient)
+    ctx.input_dtype = input.dtype
+    ctx.save_for_backward(output if memory_efficient else input, weight, invvar)
+    return output, invvar
+
+
+def _rms_norm_grads(ctx: Any, grad_output: torch.Tensor):
+    input_or_output, weight, invvar = ctx.saved_tensors
+    grad_input, grad_weight = norm_math.rms_norm_backward(grad_output, invvar, input_or_output, ctx.normalized_shape,
+                                                          weight, ctx.eps, ctx.memory_efficient)
+    return grad_input.to(ctx.input_dtype), grad_weight
+
+
+class FusedRMSNormAffineFunction(torch.autograd.Function):
+    """RMSNorm with a weight; output in the input's dtype."""
+
+    @staticmethod
+    def forward(ctx, input, weight, normalized_shape, eps, memory_efficient=False):
+        return _rms_norm_forward(ctx, input, weight, normalized_shape, eps, memory_efficient, input.dtype)[0]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return (*_rms_norm_grads(ctx, grad_output), None, None, None)
+
+
+class FusedRMSNormAffineMixedDtypesFunction(FusedRMSNormAffineFunction):
+    """RMSNorm with a weight; output in the weight's dtype."""
+
+    @staticmethod
+    def forward(ctx, input, weight, normalized_shape, eps, memory_efficient=False):
+        return _rms_norm_forward(ctx, input, weight, normalized_shape, eps, memory_efficient, weight.dtype)[0]
+
+
+class FusedRMSNormFunction(torch.autograd.Function):
+    """RMSNorm without a weight; output in the input's dtype."""
+
+    @staticmethod
+    def forward(ctx, input, normalized_shape, eps, memory_efficient=False):
+        return _rms_norm_forward(ctx, input, None, normalized_shape, eps, memory_efficient, input.dtype)[0]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _rms_norm_grads(ctx, grad_output)[0], None, None, None
+
+
+class RMSNormWithStatsFunction(torch.autograd.Function):
+    """(output, invvar) of an RMSNorm (weight may be None); differentiable in output."""
+
+    @staticmethod
+    def forward(ctx, input, weight, normalized_shape, eps, memory_efficient=False):
+        output, invvar = _rms_norm_forward(ctx, input, weight, normalized_shape, eps, memory_efficient, input.dtype)
+        ctx.mark_non_differentiable(invvar)
+        return output, invvar
+
+    @staticmethod
+    def backward(ctx, grad_output, grad_invvar):
+        return (*_rms_norm_grads(ctx, grad_output), None, None, None)

@@ -6,6 +6,7 @@ import math
 import torch
 
 from apexlite.amp.scaler import LossScaler  # noqa: F401
+from apexlite.compat import generic
 
 
 def _non_finite(tensor: torch.Tensor) -> bool:
@@ -33,3 +34,5 @@ def axpby_check_overflow_python(model_grad: torch.Tensor, stashed_grad: torch.Te
         return True
     master_grad.data = a * model_grad.to(master_grad.dtype) + b * stashed_grad.to(master_grad.dtype)
     return False
+
+__getattr__ = generic.fallback_getattr(__name__)

@@ -13,6 +13,7 @@ import torch
 
 from apexlite._logging import get_logger
 from apexlite.amp.scaler import LossScaler
+from apexlite.compat import generic
 
 log = get_logger("fp16_utils")
 _LOW = (torch.float16, torch.bfloat16)
@@ -168,3 +169,6 @@ class FP16_Optimizer:
     @property
     def param_groups(self) -> List[Dict[str, Any]]:
         return self.optimizer.param_groups
+
+
+__getattr__ = generic.fallback_getattr(__name__)

@@ -10,6 +10,9 @@ from typing import Iterable
 
 import torch
 
+from apexlite.compat import generic
+from apexlite.compat.apex.fp16_utils.fp16util import to_python_float  # noqa: F401  (apex's module has one)
+
 
 def _grads_overflow(params: Iterable[torch.Tensor]) -> bool:
     for param in params:
@@ -68,3 +71,6 @@ class DynamicLossScaler:
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
         (loss * self.loss_scale).backward(retain_graph=retain_graph)
+
+
+__getattr__ = generic.fallback_getattr(__name__)

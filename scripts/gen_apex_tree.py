@@ -295,10 +295,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="interpreter with torch (and numpy) for the probe")
     parser.add_argument("--jobs", type=int, default=4, help="modules imported at a time (default 4)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"table to write (default {DEFAULT_OUT})")
-    parser.add_argument("--migration", type=Path, default=MIGRATION, help="MIGRATION.md whose module table to rewrite")
+    parser.add_argument("--migration", type=Path, help="MIGRATION.md whose module table to rewrite (default: "
+                        "apexlite's, when writing apexlite's table)")
     parser.add_argument("--migration-only", action="store_true", help="only rewrite MIGRATION.md's module table")
     args = parser.parse_args(argv)
+    if args.migration is None and args.out.resolve() == DEFAULT_OUT:
+        args.migration = MIGRATION
     if args.migration_only:
+        if args.migration is None:
+            parser.error("--migration-only with another table needs --migration")
         write_migration(args.migration, args.out)
         return 0
     if args.apex_src is None:
@@ -307,7 +312,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     report = probe(args.apex_src, sorted(modules) + ["amp_C"], args.python, args.jobs)
     rows, dropped = merge(build_rows(args.apex_src, modules, report), read_table(args.out))
     write_table(args.out, rows)
-    if args.migration.exists() and "<!-- apex tree:" in args.migration.read_text(encoding="utf-8"):
+    if args.migration is not None:
         write_migration(args.migration, args.out)
     new = sum(row["status"] == NEW for row in rows)
     print(f"{args.out}: {len(rows)} rows ({len(modules)} apex modules), {new} new; probed with "

@@ -40,7 +40,8 @@ def applier(value: Any, fn: Callable[[Any], Any]) -> Any:
     """`fn` applied to every tensor (and every object with a `.to` method) inside `value`.
 
     Strings and numpy arrays are returned as they are; mappings become dicts with both keys and values
-    walked; other iterables are rebuilt with their own type; anything else is returned unchanged.
+    walked; other iterables are rebuilt with their own type (namedtuples too, where apex's raised);
+    anything else is returned unchanged.
     """
     if isinstance(value, torch.Tensor):
         return fn(value)
@@ -51,7 +52,8 @@ def applier(value: Any, fn: Callable[[Any], Any]) -> Any:
     if isinstance(value, Mapping):
         return {applier(key, fn): applier(item, fn) for key, item in value.items()}
     if isinstance(value, Iterable):
-        return type(value)(applier(item, fn) for item in value)
+        items = [applier(item, fn) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     return value
 
 

@@ -89,9 +89,12 @@ def flat_dist_call(tensors: Sequence[torch.Tensor], call: Callable[..., Any],
 
 
 def extract_tensors(maybe_tensor: Any, tensor_list: List[torch.Tensor]) -> None:
-    """Append every tensor inside `maybe_tensor` (walking nested iterables) to `tensor_list`."""
+    """Append every tensor inside `maybe_tensor` (walking nested iterables; strings, where apex's recursed
+    without end, are skipped) to `tensor_list`."""
     if torch.is_tensor(maybe_tensor):
         tensor_list.append(maybe_tensor)
+        return
+    if isinstance(maybe_tensor, (str, bytes)):
         return
     try:
         items = iter(maybe_tensor)

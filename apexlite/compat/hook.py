@@ -24,7 +24,7 @@ import sys
 import types
 from typing import Dict, Iterator, List, Optional
 
-from apexlite.compat import generic
+from apexlite.compat import apex_tree, generic
 from apexlite.compat.child_path.sitecustomize import apex_distributions
 
 COMPAT_PACKAGE = "apexlite.compat"
@@ -101,8 +101,10 @@ class ApexAliasFinder(importlib.abc.MetaPathFinder):
         try:
             module = generic.load(name)
         except generic.RefusedImport:
+            row = apex_tree.tree().row(name)
+            if row is None or apex_tree.tree().status(name)[0] != apex_tree.REFUSED:
+                raise  # a module apexlite has imports a refused one: that error is the user's answer
             # found, as python-only apex found the file, but its import fails (in exec_module)
-            row = generic.apex_tree.tree().row(name)
             return importlib.machinery.ModuleSpec(name, _RefusingLoader(name), is_package=row.kind == "package")
         except ModuleNotFoundError as error:
             if error.name == name:

@@ -117,8 +117,9 @@ def _quietly(fn: Callable[[], Any]) -> Any:
 
 
 def _refused_at_o1() -> Dict[int, str]:
-    """id(torch object) -> its API name, for every torch API O1 refuses."""
-    return {id(_torch_object(api)): api for api in api_status.raising_at_o1()}
+    """id(torch object) -> its API name, for every torch API O1 refuses that this torch has."""
+    objects = {api: _torch_object(api) for api in api_status.raising_at_o1()}
+    return {id(obj): api for api, obj in objects.items() if obj is not None}
 
 
 def _torch_object(api: str) -> Any:
@@ -147,7 +148,8 @@ def scan(source: Any, filename: str = "<script>") -> List[Tuple[str, List[int], 
     merged: Dict[str, Tuple[List[int], str]] = {}
     for usage in visitor.uses.values():
         if usage.api.split(".")[0] == "torch":
-            api = refused.get(id(_torch_object(usage.api)))
+            obj = _torch_object(usage.api)
+            api = refused.get(id(obj)) if obj is not None else None
             if api is None:
                 continue
             name, status = api, api_status.torch_status_text(api)

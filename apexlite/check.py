@@ -2,35 +2,36 @@
 
 The script is parsed, never executed. Every `apex` / `amp_C` import is followed through aliases
 (`from apex.parallel import DistributedDataParallel as DDP`, `import apex.amp as amp`, ...) to the
-attribute uses in the code. Each API's status comes from `apexlite.api_status` (the table MIGRATION.md
-agrees with), else from what it resolves to in apexlite.compat: an implementation is "supported", a
-placeholder or nothing is "unsupported". torch functions that O1 refuses for fp16/bf16 inputs
-(`F.binary_cross_entropy`, `nn.BCELoss`) are flagged with the fix wherever they are used.
+attribute uses in the code. Each API's status comes from `apexlite.api_status`, which reads apex's
+module tree (apexlite/compat/apex_tree.tsv, the table MIGRATION.md agrees with): nothing is imported
+from apexlite.compat to decide it. torch functions that O1 refuses for fp16/bf16 inputs
+(`F.binary_cross_entropy`, `nn.BCELoss`) are flagged with the fix wherever they are used; torch is
+looked at with its warnings silenced, so none is printed on check's account. The exit status is 1 when
+any API used is unsupported, refused at import, or raises at O1; `--json` prints the report as JSON.
 """
 from __future__ import annotations
 
 import argparse
 import ast
-import importlib
+import json
 import sys
-import types
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from apexlite import api_status
-from apexlite.compat.hook import target_name
+from apexlite.compat import apex_tree
 from apexlite.script_source import MAX_SOURCE_BYTES, ScriptSourceError, parse_script
 
 EXIT_STATUSES = (
     (0, "every apex API used is supported (possibly with differences)"),
-    (1, "some apex API used is unsupported"),
+    (1, "some API used is unsupported, refused at import, or raises at O1"),
     (2, "usage error, or the script is missing or cannot be opened"),
     (3, "the file is not Python source Python would run"),
     (4, "the path is not a regular file (directory, device, FIFO, socket)"),
     (5, f"the file is larger than {MAX_SOURCE_BYTES} bytes"),
 )
 _TRACKED_ROOTS = ("apex", "amp_C", "torch")
-_UNKNOWN = "unsupported: not part of apex's legacy API as apexlite provides it (check the spelling)"
 
 
 @dataclass
@@ -39,10 +40,6 @@ class Usage:
 
     api: str
     lines: List[int] = field(default_factory=list)
-
-
-def _is_legacy(name: str) -> bool:
-    return target_name(name) is not None
 
 
 class _ApiUses(ast.NodeVisitor):
@@ -99,92 +96,46 @@ class _ApiUses(ast.NodeVisitor):
 
 
 def _star_exports(module: str) -> List[str]:
-    """The names `from module import *` binds that check follows (none when the module does not exist)."""
+    """The names `from module import *` binds that check follows (none when apex has no such module)."""
     if module.split(".")[0] == "torch":  # only the O1-refused names matter in torch
         return [api.rsplit(".", 1)[1] for api in api_status.raising_at_o1() if api.rsplit(".", 1)[0] == module]
-    if api_status.lookup(module) is not None and api_status.lookup(module).members:
-        return []
-    _, obj = _resolve(module)
-    if not isinstance(obj, types.ModuleType):
-        return []
-    names = getattr(obj, "__all__", None)
-    if names is None:  # like Python: public names; keep those apexlite defines, not its imports (torch, typing)
-        names = [name for name in dir(obj) if not name.startswith("_") and _defined_by_apexlite(getattr(obj, name))]
-    return list(names)
-
-
-def _defined_by_apexlite(value: Any) -> bool:
-    origin = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", "") or ""
-    return origin.split(".")[0] in ("apexlite", "apex", "amp_C")
-
-
-def _import_compat(legacy: str) -> Optional[types.ModuleType]:
-    try:
-        return importlib.import_module(target_name(legacy))
-    except Exception:  # noqa: BLE001 -- a module that fails to import is reported as unavailable
-        return None
-
-
-def _resolve(api: str) -> Tuple[str, Any]:
-    """(the API name at the depth that matters, the compat object it resolves to or None).
-
-    Attributes are followed from the top-level module down, importing a submodule only when no
-    attribute of that name exists (as `import a.b` would); the walk stops at the first object that
-    is not a module (`amp.initialize`, `amp._amp_state`), since deeper access is that object's API.
-    """
-    parts = api.split(".")
-    obj: Any = _import_compat(parts[0])
-    for index in range(1, len(parts)):
-        if not isinstance(obj, types.ModuleType):
-            return ".".join(parts[:index]), obj
-        attr = getattr(obj, parts[index], None)
-        if attr is None:
-            attr = _import_compat(".".join(parts[:index + 1]))
-            if attr is None:
-                return ".".join(parts[:index + 1]), None
-        obj = attr
-    return api, obj
+    tree = apex_tree.tree()
+    row = tree.row(module)
+    return tree.star_names(module) if row is not None and row.is_module else []
 
 
 def status_of(api: str) -> Tuple[str, str]:
-    """(API name as reported, status text) for one legacy apex / amp_C API."""
-    row = api_status.lookup(api)
-    if row is not None and row.members:
-        return ".".join(api.split(".")[:row.api.count(".") + 2]), row.text
-    name, obj = _resolve(api)
-    row = api_status.lookup(name)
-    if row is not None:
-        return name, row.text
-    if obj is None:
-        return name, _UNKNOWN
-    if getattr(obj, "apexlite_unsupported", False):
-        return name, "unsupported: " + obj.__doc__.split(" is not supported by apexlite. ", 1)[-1]
-    return name, api_status.SUPPORTED
+    """(API name as reported, status text) for one legacy apex / amp_C API (see api_status.status_of)."""
+    return api_status.status_of(api)
+
+
+def _quietly(fn: Callable[[], Any]) -> Any:
+    """`fn()` with warnings silenced: torch's deprecation warnings are not about the script being read."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn()
 
 
 def _refused_at_o1() -> Dict[int, str]:
-    """id(torch object) -> its row's API name, for every torch API O1 refuses."""
-    import torch
-
-    found = {}
-    for api in api_status.raising_at_o1():
-        obj: Any = torch
-        for part in api.split(".")[1:]:
-            obj = getattr(obj, part)
-        found[id(obj)] = api
-    return found
+    """id(torch object) -> its API name, for every torch API O1 refuses that this torch has."""
+    objects = {api: _torch_object(api) for api in api_status.raising_at_o1()}
+    return {id(obj): api for api, obj in objects.items() if obj is not None}
 
 
 def _torch_object(api: str) -> Any:
     """The torch object a dotted name reaches by attribute access alone (no imports), or None."""
-    import torch
 
-    obj: Any = torch
-    for part in api.split(".")[1:]:
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
+    def walk() -> Any:
+        import torch
+
+        obj: Any = torch
+        for part in api.split(".")[1:]:
+            obj = getattr(obj, part, None)
+            if obj is None:
+                return None
+        return obj
+
+    return _quietly(walk)
 
 
 def scan(source: Any, filename: str = "<script>") -> List[Tuple[str, List[int], str]]:
@@ -197,10 +148,11 @@ def scan(source: Any, filename: str = "<script>") -> List[Tuple[str, List[int], 
     merged: Dict[str, Tuple[List[int], str]] = {}
     for usage in visitor.uses.values():
         if usage.api.split(".")[0] == "torch":
-            api = refused.get(id(_torch_object(usage.api)))
+            obj = _torch_object(usage.api)
+            api = refused.get(id(obj)) if obj is not None else None
             if api is None:
                 continue
-            name, status = api, api_status.lookup(api).text
+            name, status = api, api_status.torch_status_text(api)
         else:
             name, status = status_of(usage.api)
         lines, _ = merged.get(name, ([], status))
@@ -215,7 +167,43 @@ def _parser() -> argparse.ArgumentParser:
                                      description="List the apex APIs a script uses and their status in apexlite "
                                                  "(the script is read, not run).")
     parser.add_argument("script")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     return parser
+
+
+def _counts(rows: List[Tuple[str, List[int], str]]) -> Dict[str, int]:
+    return {kind: sum(status.split(":", 1)[0] == kind for _, _, status in rows) for kind in api_status.KINDS}
+
+
+def _exit_status(rows: List[Tuple[str, List[int], str]]) -> int:
+    return 1 if any(api_status.is_failing(status) for _, _, status in rows) else 0
+
+
+def report(script: str, rows: List[Tuple[str, List[int], str]]) -> Dict[str, Any]:
+    """The JSON report: every API with its lines, status and note, the counts, and the exit status."""
+    apis = []
+    for name, lines, status in rows:
+        kind, _, note = status.partition(": ")
+        apis.append({"api": name, "lines": lines, "status": kind, "note": note})
+    return {"script": script, "apis": apis, "counts": _counts(rows), "exit_status": _exit_status(rows)}
+
+
+def _print_text(script: str, rows: List[Tuple[str, List[int], str]]) -> None:
+    if not rows:
+        print(f"{script}: no apex APIs used")
+        return
+    width = max(len(name) for name, _, _ in rows)
+    print(f"{script}: {len(rows)} APIs to know about")
+    for name, lines, status in rows:
+        where = ",".join(str(line) for line in lines)
+        print(f"  {name:{width}}  line {where}: {status}")
+    counts = _counts(rows)
+    summary = (f"{counts[api_status.SUPPORTED] + counts[api_status.DIFFERS]} supported or supported with "
+               f"differences, {counts[api_status.UNSUPPORTED]} unsupported, {counts[api_status.REFUSED]} refused "
+               "at import")
+    if counts[api_status.RAISES_AT_O1]:
+        summary += f", {counts[api_status.RAISES_AT_O1]} raise at O1 with fp16/bf16 inputs (see the fix above)"
+    print(summary)
 
 
 def main(argv: List[str]) -> int:
@@ -229,18 +217,8 @@ def main(argv: List[str]) -> int:
     except RecursionError:
         sys.stderr.write(f"apexlite check: {args.script} is nested too deeply to analyse\n")
         return 3
-    if not rows:
-        print(f"{args.script}: no apex APIs used")
-        return 0
-    width = max(len(name) for name, _, _ in rows)
-    print(f"{args.script}: {len(rows)} APIs to know about")
-    for name, lines, status in rows:
-        where = ",".join(str(line) for line in lines)
-        print(f"  {name:{width}}  line {where}: {status}")
-    counts = {kind: sum(status.startswith(kind) for _, _, status in rows) for kind in api_status.KINDS}
-    summary = (f"{counts[api_status.SUPPORTED] + counts[api_status.DIFFERS]} supported or supported with "
-               f"differences, {counts[api_status.UNSUPPORTED]} unsupported")
-    if counts[api_status.RAISES_AT_O1]:
-        summary += f", {counts[api_status.RAISES_AT_O1]} raise at O1 with fp16/bf16 inputs (see the fix above)"
-    print(summary)
-    return 1 if counts[api_status.UNSUPPORTED] else 0
+    if args.json:
+        print(json.dumps(report(args.script, rows), indent=2))
+    else:
+        _print_text(args.script, rows)
+    return _exit_status(rows)

@@ -3,17 +3,19 @@
 Also: the status table agrees with MIGRATION.md's tables row by row, and with what the names resolve
 to at run time; any file Python would run is read; anything else gets one line and its own exit status.
 """
+import json
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
 
 from apexlite import api_status, check
-from apexlite.compat import apex_aliases
+from apexlite.compat import apex_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +46,7 @@ def _statuses(source):
     return {name: (lines, status) for name, lines, status in check.scan(source)}
 
 
-def test_scan_classifies_supported_differs_and_unsupported():
+def test_scan_classifies_supported_differs_unsupported_and_refused():
     rows = _statuses(SAMPLE)
     assert rows["apex.amp.scale_loss"][0] == [13] and rows["apex.amp.scale_loss"][1].startswith("differs: ")
     assert rows["apex.amp.init"] == ([17], "supported")
@@ -53,10 +55,11 @@ def test_scan_classifies_supported_differs_and_unsupported():
     assert rows["apex.parallel.DistributedDataParallel"][0] == [5, 20]
     assert rows["apex.parallel.DistributedDataParallel"][1].startswith("differs: built on torch DDP")
     assert rows["apex.fp16_utils.to_python_float"] == ([16], "supported")  # through the star import
-    assert rows["apex.amp._amp_state"] == ([15], "supported")
-    assert rows["apex.contrib.xentropy"][1].startswith("unsupported: ")
-    assert rows["apex.amp.init"] == ([17], "supported")
-    assert rows["apex.amp.no_such_function"][1].startswith("unsupported: ")
+    assert rows["apex.amp._amp_state"] == ([15], "supported")  # an attribute of the state object is its API
+    assert rows["apex.contrib.xentropy"][1].startswith("refused: ") and "cross_entropy" in rows[
+        "apex.contrib.xentropy"][1]
+    assert rows["apex.RNN"][0] == [8] and rows["apex.RNN"][1].startswith("refused: ")
+    assert rows["apex.amp.no_such_function"] == ([18], api_status.NOT_IN_APEX)
     assert rows["amp_C.multi_tensor_l2norm"][1].startswith("differs: torch ops")
 
 
@@ -86,10 +89,10 @@ def test_logit_losses_and_other_torch_uses_are_not_flagged():
     assert check.scan(source) == []
 
 
-def test_cli_flags_bce_without_failing_the_exit_status(tmp_path, capsys):
+def test_cli_flags_bce_and_fails_the_exit_status(tmp_path, capsys):
     script = tmp_path / "bce.py"
     script.write_text("from apex import amp\nimport torch.nn as nn\nloss = nn.BCELoss()\n")
-    assert check.main([str(script)]) == 0
+    assert check.main([str(script)]) == 1
     out = capsys.readouterr().out
     assert "torch.nn.BCELoss" in out and "line 3: raises at O1" in out
     assert "1 raise at O1 with fp16/bf16 inputs" in out
@@ -97,14 +100,87 @@ def test_cli_flags_bce_without_failing_the_exit_status(tmp_path, capsys):
 
 @pytest.mark.parametrize("source,name", [
     ("import apex.RNN\n", "apex.RNN"),
-    ("from apex import RNN\nRNN.LSTM(4, 4, 1)\n", "apex.RNN.LSTM"),
-    ("from apex.RNN import mLSTM\n", "apex.RNN.mLSTM"),
+    ("from apex import RNN\nRNN.LSTM(4, 4, 1)\n", "apex.RNN"),
+    ("from apex.RNN import mLSTM\n", "apex.RNN"),
+    ("from apex.RNN.models import LSTM\n", "apex.RNN"),
+    ("from apex.contrib.layer_norm.layer_norm import FastLayerNormFN\n", "apex.contrib.layer_norm"),
+    ("import apex.mlp\n", "apex.mlp"),
 ])
-def test_apex_rnn_reported_with_its_true_status(source, name):
+def test_names_in_refused_modules_are_reported_as_the_refused_module(source, name):
     rows = _statuses(source)
+    assert list(rows) == [name]
     status = rows[name][1]
-    assert status.startswith("unsupported: ") and "torch.nn.LSTM" in status
-    assert "no longer imports on torch >= 1.x" in status
+    assert status.startswith("refused: ") and status == "refused: " + apex_tree.tree().status(name)[1]
+
+
+# every module path and name of apex's tree: never a misspelling, reported as itself or its refused module
+TREE_ROWS = sorted(apex_tree.tree().rows)
+
+
+def test_no_real_apex_path_is_called_a_misspelling():
+    tree = apex_tree.tree()
+    for name in TREE_ROWS:
+        reported, status = check.status_of(name)
+        assert status != api_status.NOT_IN_APEX, name
+        refused = tree.outermost_refused(name)
+        assert reported == (refused.name if refused is not None else name), name
+        assert status.split(":")[0] == tree.status(reported)[0]
+
+
+@pytest.mark.parametrize("source", [
+    "from apex.normalization import fused_layer_norm\nfused_layer_norm.FusedLayerNorm\n",
+    "import apex.normalization.fused_layer_norm\n",
+    "import apex.normalization.fused_layer_norm as fln\n",
+])
+def test_a_submodule_is_never_taken_for_a_function(source):
+    rows = _statuses(source)
+    assert rows["apex.normalization.fused_layer_norm"][1] == apex_tree.tree().status_text(
+        "apex.normalization.fused_layer_norm")
+    assert apex_tree.tree().row("apex.normalization.fused_layer_norm").kind == "module"
+
+
+def test_a_misspelling_is_reported_at_its_first_unknown_component():
+    rows = _statuses("import apex\napex.parralel.DistributedDataParallel\nfrom apex.amp import initialise\n")
+    assert rows == {"apex": ([1], "supported"), "apex.parralel": ([2], api_status.NOT_IN_APEX),
+                    "apex.amp.initialise": ([3], api_status.NOT_IN_APEX)}
+
+
+def test_json_report(tmp_path, capsys):
+    script = tmp_path / "legacy.py"
+    script.write_text(SAMPLE)
+    assert check.main([str(script), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["script"] == str(script) and report["exit_status"] == 1
+    by_api = {entry["api"]: entry for entry in report["apis"]}
+    assert by_api["apex.amp.init"] == {"api": "apex.amp.init", "lines": [17], "status": "supported", "note": ""}
+    assert by_api["apex.contrib.xentropy"]["status"] == "refused"
+    assert "cross_entropy" in by_api["apex.contrib.xentropy"]["note"]
+    assert report["counts"]["refused"] == 2 and report["counts"]["unsupported"] == 1
+    assert sum(report["counts"].values()) == len(report["apis"])
+
+
+def test_torch_warnings_raised_while_looking_are_not_printed_on_checks_account(monkeypatch):
+    import torch
+
+    def deprecated_attribute(name):
+        warnings.warn(f"torch.nn.functional.{name} is deprecated", FutureWarning)
+        raise AttributeError(name)
+
+    monkeypatch.setattr(torch.nn.functional, "__getattr__", deprecated_attribute, raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rows = check.scan("import torch.nn.functional as F\nF.old_function(x)\nF.binary_cross_entropy(x, y)\n")
+    assert [api for api, _, _ in rows] == ["torch.nn.functional.binary_cross_entropy"]
+
+
+def test_check_imports_no_compat_module():
+    code = ("import sys\nfrom apexlite import check\ncheck.scan(open(sys.argv[1]).read())\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[:3] in (['apexlite', 'compat', 'apex'], "
+            "['apexlite', 'compat', 'amp_C'])))")
+    result = subprocess.run([sys.executable, "-c", code, str(ROOT / "examples" / "fused_adam_o2.py")],
+                            capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 # --- MIGRATION.md's tables and the status table agree ---------------------------------------------------------
@@ -158,36 +234,27 @@ def test_check_reports_what_migration_states(section, api, migration_status):
     assert reported.split(":")[0] == migration_status, f"check says {reported!r}"
 
 
-def test_every_status_row_is_in_migration():
+def test_every_decided_name_of_the_table_is_in_migration():
+    """Each member row with its own status is named in MIGRATION.md (itself, or a re-export of it)."""
+    tree = apex_tree.tree()
     in_migration = {api for _, api, _ in MIGRATION_ROWS}
-    missing = [row.api for row in api_status.TABLE if row.api not in in_migration]
+    aliases = {}
+    for row in tree.rows.values():
+        if row.same_as:
+            aliases.setdefault(row.same_as, set()).add(row.name)
+    missing = [row.name for row in tree.rows.values() if row.status and not row.is_module
+               and not ({row.name} | aliases.get(row.name, set())) & in_migration]
     assert not missing, f"MIGRATION.md has no row for {missing}"
 
 
-def _runtime_object(api):
-    module_name, _, attr = api.rpartition(".")
-    import importlib
-
-    with apex_aliases():
-        try:
-            module = importlib.import_module(api)
-        except ImportError:
-            module = getattr(importlib.import_module(module_name), attr, None)
-    return module
+def test_migration_module_table_is_generated_from_the_table():
+    text = (ROOT / "MIGRATION.md").read_text()
+    assert apex_tree.module_table_section(apex_tree.tree()) in text, (
+        "MIGRATION.md's module table is stale: run python scripts/gen_apex_tree.py --migration-only")
 
 
-@pytest.mark.parametrize("row", [row for row in api_status.TABLE if not row.api.startswith("torch.")],
-                         ids=lambda row: row.api)
-def test_status_table_agrees_with_what_the_names_are(row):
-    """A supported/differs row must be a real implementation; an unsupported one a placeholder or area."""
-    obj = _runtime_object(row.api) if row.api != "apex.parallel.multiproc" else None
-    placeholder = obj is None or getattr(obj, "apexlite_unsupported", False) or (
-        type(obj).__name__ == "UnsupportedModule")
-    if row.kind == api_status.UNSUPPORTED:
-        # apex.contrib itself is a real (empty) package; its areas are the placeholders
-        assert placeholder or row.api in ("apex.RNN", "apex.contrib"), f"{row.api} is implemented but listed as unsupported"
-    else:
-        assert not placeholder, f"{row.api} is listed as {row.kind} but is a placeholder"
+def test_torch_rows_are_the_o1_tables_banned_functions():
+    assert api_status.raising_at_o1() == ("torch.nn.functional.binary_cross_entropy", "torch.nn.BCELoss")
 
 
 # --- reading scripts -------------------------------------------------------------------------------------------
@@ -222,14 +289,14 @@ def test_reads_any_encoding_python_accepts(tmp_path, capsys, raw):
     assert "apex.amp.initialize" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("source,name", [
-    ("from apex.no_such_module import *\n", "apex.no_such_module"),
-    ("from apex.contrib.xentropy import *\n", "apex.contrib.xentropy"),
-    ("from apex.amp.no_such import *\n", "apex.amp.no_such"),
+@pytest.mark.parametrize("source,name,status", [
+    ("from apex.no_such_module import *\n", "apex.no_such_module", "unsupported"),
+    ("from apex.contrib.xentropy import *\n", "apex.contrib.xentropy", "refused"),
+    ("from apex.amp.no_such import *\n", "apex.amp.no_such", "unsupported"),
 ])
-def test_star_import_of_missing_module_is_reported(source, name):
+def test_star_import_of_missing_module_is_reported(source, name, status):
     rows = _statuses(source)
-    assert rows[name][1].startswith("unsupported: ")
+    assert rows[name][1].startswith(status + ": ")
 
 
 def test_star_import_binds_only_apex_names():

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Union
 
 import torch
 
@@ -67,6 +68,12 @@ class Properties:
     def items(self):
         """(name, value) pairs in apex's option order."""
         return [(name, getattr(self, name)) for name in OPTION_ORDER]
+
+    @property
+    def options(self) -> Mapping[str, Any]:
+        """apex's `properties.options` dict, read-only (code reads `options["cast_model_type"]`); the options
+        are set through amp.initialize's arguments, so a write raises instead of being ignored."""
+        return types.MappingProxyType(dict(self.items()))
 
 
 def unknown_opt_level_message(opt_level: Any) -> str:

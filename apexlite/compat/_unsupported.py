@@ -1,14 +1,17 @@
-"""Placeholders for apex APIs apexlite does not provide: importable, but they raise when used.
+"""Placeholders for apex names apexlite does not implement: importable, but they raise when used.
 
-Legacy scripts often import more than they call, so an unsupported name must not break the import;
-using it must fail loudly with the alternative, never do nothing. Class placeholders are real
-classes, so `isinstance`, `issubclass` and subclassing work at import time and only instantiation
-raises; function placeholders raise when called.
+python-only apex imported many modules whose names needed a compiled extension only when used; apexlite
+keeps those names importable the same way and makes every use fail loudly with the alternative, never do
+nothing. Class placeholders are real classes, so `isinstance`, `issubclass` and subclassing work at
+import time; instantiating one, or reading a public attribute of it (`FastLayerNormFN.apply`,
+`AttnMaskType.causal`), raises. Function placeholders raise when called; object placeholders (apex's
+module-level objects and constants) raise on any use but `repr`.
 """
 from __future__ import annotations
 
-import types
 from typing import Any, Callable, Dict, Tuple
+
+import torch
 
 
 class ApexliteUnsupportedError(NotImplementedError):
@@ -32,9 +35,30 @@ def unsupported(qualname: str, alternative: str) -> Callable[..., Any]:
 
     placeholder.__name__ = _short_name(qualname)
     placeholder.__qualname__ = placeholder.__name__
+    placeholder.__module__ = qualname.split(" ", 1)[0].rpartition(".")[0]
     placeholder.__doc__ = unsupported_message(qualname, alternative)
     placeholder.apexlite_unsupported = True  # type: ignore[attr-defined]
     return placeholder
+
+
+class _PlaceholderMeta(type):
+    """Metaclass of class placeholders: a public class attribute they lack raises the placeholder's error."""
+
+    def __getattr__(cls, attr: str) -> Any:
+        if attr.startswith("_"):  # protocol probes (pickle, typing, inspect) keep their AttributeError
+            raise AttributeError(attr)
+        raise ApexliteUnsupportedError(cls.__doc__)
+
+
+_METACLASSES: Dict[type, type] = {type: _PlaceholderMeta}
+
+
+def _metaclass_for(bases: Tuple[type, ...]) -> type:
+    """_PlaceholderMeta combined with the bases' own metaclass (torch.autograd.Function has one)."""
+    base_meta = type(bases[0]) if bases else type
+    if base_meta not in _METACLASSES:
+        _METACLASSES[base_meta] = type(f"Placeholder{base_meta.__name__}", (_PlaceholderMeta, base_meta), {})
+    return _METACLASSES[base_meta]
 
 
 def unsupported_class(qualname: str, alternative: str, bases: Tuple[type, ...] = (object,)) -> type:
@@ -48,31 +72,50 @@ def unsupported_class(qualname: str, alternative: str, bases: Tuple[type, ...] =
     def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
         raise ApexliteUnsupportedError(message)
 
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ApexliteUnsupportedError(message)
+
     name = _short_name(qualname)
     namespace: Dict[str, Any] = {
         "__new__": __new__, "__doc__": message, "__module__": qualname.split(" ", 1)[0].rpartition(".")[0],
         "apexlite_unsupported": True,
     }
-    return type(name, bases, namespace)
+    if any(issubclass(base, torch.autograd.Function) for base in bases):  # `.apply` runs forward
+        namespace.update(forward=staticmethod(refuse), backward=staticmethod(refuse))
+    return _metaclass_for(bases)(name, bases, namespace)
 
 
-class UnsupportedModule(types.ModuleType):
-    """A module every public attribute of which is an unsupported placeholder class.
+class UnsupportedObject:
+    """Stands for one of apex's module-level objects or constants: any use raises, `repr` says what it is."""
 
-    Used for whole apex areas apexlite does not cover (apex.contrib, apex.transformer, ...), so
-    `from apex.contrib.xentropy import SoftmaxCrossEntropyLoss` imports and fails at first use. Each
-    attribute is created once and kept, so two imports of a name give the same object; it is a class
-    whether apex had a class or a function there, since a class also raises when called.
-    """
+    apexlite_unsupported = True
 
-    def __init__(self, name: str, alternative: str) -> None:
-        super().__init__(name, f"Placeholder for {name}: not supported by apexlite. {alternative}")
-        self.__path__: list = []  # a package, so deeper submodules resolve to placeholders too
-        self._alternative = alternative
+    def __init__(self, qualname: str, alternative: str) -> None:
+        object.__setattr__(self, "_message", unsupported_message(qualname, alternative))
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise ApexliteUnsupportedError(object.__getattribute__(self, "_message"))
 
     def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):
+        if attr.startswith("_"):
             raise AttributeError(attr)
-        placeholder = unsupported_class(f"{self.__name__}.{attr}", self._alternative)
-        setattr(self, attr, placeholder)
-        return placeholder
+        self._refuse()
+
+    def __repr__(self) -> str:
+        return f"<placeholder: {object.__getattribute__(self, '_message')}>"
+
+    __call__ = __iter__ = __len__ = __bool__ = __getitem__ = __setitem__ = __contains__ = __setattr__ = _refuse
+    __str__ = __int__ = __float__ = __index__ = __enter__ = _refuse
+
+
+def unsupported_object(qualname: str, alternative: str) -> UnsupportedObject:
+    """A placeholder for an apex module-level object or constant."""
+    return UnsupportedObject(qualname, alternative)
+
+
+def is_placeholder(value: Any) -> bool:
+    """Whether `value` is one of these placeholders (a class, function or object that raises at use)."""
+    if isinstance(value, (UnsupportedObject, _PlaceholderMeta)):
+        return True
+    namespace = getattr(value, "__dict__", None)
+    return isinstance(namespace, dict) and namespace.get("apexlite_unsupported", False) is True

@@ -5,7 +5,11 @@ script; processes that script starts get it through `child_path` (see there). No
 installs it at import time, so a real NVIDIA apex installed next to apexlite is never shadowed
 outside `apexlite run`. Aliased modules are the compat modules themselves
 (`sys.modules["apex.amp"] is apexlite.compat.apex.amp`), so isinstance checks and module-level state
-are shared whichever name a script uses. While installed, the finder also answers
+are shared whichever name a script uses. What an apex path resolves to follows apex's tree
+(`apexlite.compat.generic`): apexlite's module when it has one, a placeholder module for what
+python-only apex imported and apexlite does not implement, an ImportError naming the alternative for
+what python-only apex refused, and the normal ModuleNotFoundError for paths apex never had. The
+table behind the last three is read only when a script imports a path apexlite has no file for. While installed, the finder also answers
 `importlib.metadata` for the `apex` distribution, so libraries that check for apex by its metadata
 (Hugging Face transformers' `is_apex_available()`) find it.
 """
@@ -20,24 +24,12 @@ import sys
 import types
 from typing import Dict, Iterator, List, Optional
 
-from apexlite.compat._unsupported import UnsupportedModule
+from apexlite.compat import apex_tree, generic
 from apexlite.compat.child_path.sitecustomize import apex_distributions
 
 COMPAT_PACKAGE = "apexlite.compat"
 # legacy top-level name -> module that provides it
 TOP_LEVEL = {"apex": f"{COMPAT_PACKAGE}.apex", "amp_C": f"{COMPAT_PACKAGE}.amp_C"}
-# apex areas outside apexlite's scope: importable, every name raises on use with this advice.
-UNSUPPORTED_AREAS = {
-    "contrib": "apex.contrib kernels have no apexlite equivalent; use the torch operator or library "
-               "that replaced the kernel (e.g. torch.nn.functional.cross_entropy for xentropy).",
-    "transformer": "Use Megatron-Core (megatron.core) for tensor/pipeline parallel layers.",
-    "mlp": "Use torch.nn.Sequential of torch.nn.Linear layers (torch.compile fuses them).",
-    "fused_dense": "Use torch.nn.Linear (torch.compile or cuBLASLt epilogues fuse bias and GELU).",
-    "reparameterization": "Use torch.nn.utils.parametrizations.weight_norm.",
-    "pyprof": "Use torch.profiler.",
-}
-
-
 def target_name(name: str) -> Optional[str]:
     """The apexlite module behind legacy module `name`, or None when `name` is not a legacy name."""
     top, _, rest = name.partition(".")
@@ -70,6 +62,19 @@ class _AliasLoader(importlib.abc.Loader):
             module.__spec__ = self.original_spec
 
 
+class _RefusingLoader(importlib.abc.Loader):
+    """Loads nothing: executing the module raises the ImportError apexlite gives for a refused apex module."""
+
+    def __init__(self, legacy_name: str) -> None:
+        self.legacy_name = legacy_name
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        raise generic.refusal(self.legacy_name)
+
+
 class ApexAliasFinder(importlib.abc.MetaPathFinder):
     """Resolves `apex`, `apex.*` and `amp_C` to apexlite.compat; records the aliases it creates."""
 
@@ -91,20 +96,21 @@ class ApexAliasFinder(importlib.abc.MetaPathFinder):
                 self.aliases.append(alias)
 
     def find_spec(self, name: str, path=None, target=None) -> Optional[importlib.machinery.ModuleSpec]:
-        real = target_name(name)
-        if real is None:
+        if target_name(name) is None:
             return None
-        parts = name.split(".")
         try:
-            module: types.ModuleType = importlib.import_module(real)
+            module = generic.load(name)
+        except generic.RefusedImport:
+            row = apex_tree.tree().row(name)
+            if row is None or apex_tree.tree().status(name)[0] != apex_tree.REFUSED:
+                raise  # a module apexlite has imports a refused one: that error is the user's answer
+            # found, as python-only apex found the file, but its import fails (in exec_module)
+            return importlib.machinery.ModuleSpec(name, _RefusingLoader(name), is_package=row.kind == "package")
         except ModuleNotFoundError as error:
-            if error.name is None or not (real == error.name or real.startswith(error.name + ".")):
-                raise  # a module apexlite has failed inside: that error is the user's answer
-            if not (parts[0] == "apex" and len(parts) > 1 and parts[1] in UNSUPPORTED_AREAS):
+            if error.name == name:
                 return None  # apex never had it either: a normal ImportError follows
-            module = UnsupportedModule(name, UNSUPPORTED_AREAS[parts[1]])
-        else:
-            self._publish_loaded(name)
+            raise  # a module apexlite has failed inside: that error is the user's answer
+        self._publish_loaded(name)
         self.aliases.append(name)
         return importlib.machinery.ModuleSpec(name, _AliasLoader(module), is_package=hasattr(module, "__path__"))
 

@@ -1,4 +1,5 @@
-"""apex.parallel pieces that need no process group: LARC, convert_syncbn_model, DDP argument checks."""
+"""apex.parallel pieces that need no process group: LARC, convert_syncbn_model, DDP argument checks, the flat
+buffer helpers and SyncBatchnormFunction in one process."""
 import pytest
 import torch
 
@@ -79,3 +80,50 @@ def test_multiproc_launcher_names_torchrun():
 
     with pytest.raises(ApexliteUnsupportedError, match="torchrun"):
         multiproc.main()
+
+
+def test_flatten_helpers_round_trip_and_group_by_type():
+    from apexlite.compat.apex.parallel import distributed
+
+    tensors = [torch.ones(2, 3), torch.arange(4.0, dtype=torch.float64), torch.zeros(5).half(), torch.ones(1)]
+    flat = distributed.flatten([tensors[0], tensors[3]])
+    assert flat.shape == (7,)
+    for original, view in zip([tensors[0], tensors[3]], distributed.unflatten(flat, [tensors[0], tensors[3]])):
+        assert torch.equal(original, view)
+    by_type = distributed.split_by_type(tensors)
+    assert list(by_type) == ["torch.FloatTensor", "torch.DoubleTensor", "torch.HalfTensor"]
+    assert by_type["torch.FloatTensor"][0] is tensors[0] and by_type["torch.FloatTensor"][1] is tensors[3]
+    assert [[t.dtype for t in bucket] for bucket in distributed.split_half_float_double(tensors)] == [
+        [torch.float16], [torch.float32, torch.float32], [torch.float64]]
+    found = []
+    distributed.extract_tensors([tensors[0], (3, {"k"}, [tensors[1]]), "text"], found)
+    assert found[0] is tensors[0] and found[1] is tensors[1] and len(found) == 2
+    distributed.import_flatten_impl()
+    assert distributed.imported_flatten_impl is True
+
+
+def test_apply_flat_dist_call_copies_the_collectives_result_back():
+    from apexlite.compat.apex.parallel import distributed
+
+    bucket = [torch.ones(2), torch.full((3,), 2.0)]
+    distributed.apply_flat_dist_call(bucket, lambda flat, factor: flat.mul_(factor), (3.0,))
+    torch.testing.assert_close(bucket[0], torch.full((2,), 3.0))
+    torch.testing.assert_close(bucket[1], torch.full((3,), 6.0))
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_sync_batchnorm_function_matches_batch_norm_in_one_process(affine):
+    from apexlite.compat.apex.parallel.sync_batchnorm_kernel import SyncBatchnormFunction
+
+    x = torch.randn(6, 4, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(4, dtype=torch.float64, requires_grad=True) if affine else None
+    bias = torch.randn(4, dtype=torch.float64, requires_grad=True) if affine else None
+    upstream = torch.randn(6, 4, 5, dtype=torch.float64)
+    mean, var = x.detach().mean((0, 2)), x.detach().var((0, 2), unbiased=False)
+    out = SyncBatchnormFunction.apply(x, weight, bias, mean, var, 1e-5, None, 1)
+    grads = torch.autograd.grad((out * upstream).sum(), [x] + ([weight, bias] if affine else []))
+    ref = torch.nn.functional.batch_norm(x, None, None, weight, bias, training=True, eps=1e-5)
+    ref_grads = torch.autograd.grad((ref * upstream).sum(), [x] + ([weight, bias] if affine else []))
+    torch.testing.assert_close(out, ref)
+    for grad, ref_grad in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref_grad)

@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 
 from apexlite.compat.apex import parallel
+from apexlite.compat.apex.parallel import distributed
+from apexlite.compat.apex.parallel.sync_batchnorm_kernel import SyncBatchnormFunction
 
 dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=60))
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -48,6 +50,38 @@ torch.testing.assert_close(model.module.weight.grad, torch.full((1, 3), 2.0 * (r
 t = torch.full((3,), float(rank))
 parallel.Reducer([t]).reduce()
 torch.testing.assert_close(t, torch.full((3,), 0.5))
+# flat_dist_call (BERT pretraining's gradient allreduce): one collective per dtype, averaged after all_reduce;
+# broadcast with extra_args leaves rank 0's values everywhere.
+grads = [torch.full((2, 3), float(rank + 1)), torch.full((4,), 10.0 * (rank + 1), dtype=torch.float64),
+         torch.full((5,), -float(rank))]
+distributed.flat_dist_call(grads, dist.all_reduce)
+torch.testing.assert_close(grads[0], torch.full((2, 3), 1.5))
+torch.testing.assert_close(grads[1], torch.full((4,), 15.0, dtype=torch.float64))
+torch.testing.assert_close(grads[2], torch.full((5,), -0.5))
+params = [torch.full((3,), float(rank)), torch.full((2, 2), float(rank) + 5)]
+distributed.flat_dist_call(params, dist.broadcast, (0,))
+torch.testing.assert_close(params[0], torch.zeros(3))
+torch.testing.assert_close(params[1], torch.full((2, 2), 5.0))
+
+# SyncBatchnormFunction: global statistics in, big-batch gradients out.
+local = full[rank * 4:(rank + 1) * 4].clone().requires_grad_()
+weight, bias = torch.randn(3, generator=gen).requires_grad_(), torch.randn(3, generator=gen).requires_grad_()
+stats = torch.stack([local.detach().sum((0, 2, 3)), (local.detach() ** 2).sum((0, 2, 3))])
+dist.all_reduce(stats)
+count = full.numel() / 3
+mean = stats[0] / count
+var = stats[1] / count - mean * mean
+out = SyncBatchnormFunction.apply(local, weight, bias, mean, var, 1e-5, None, world)
+(out * upstream[rank * 4:(rank + 1) * 4]).sum().backward()
+ref_in, ref_w, ref_b = full.clone().requires_grad_(), weight.detach().clone().requires_grad_(), \
+    bias.detach().clone().requires_grad_()
+ref_out = torch.nn.functional.batch_norm(ref_in, None, None, ref_w, ref_b, training=True, eps=1e-5)
+(ref_out * upstream).sum().backward()
+torch.testing.assert_close(out, ref_out[rank * 4:(rank + 1) * 4], rtol=1e-4, atol=1e-5)
+torch.testing.assert_close(local.grad, ref_in.grad[rank * 4:(rank + 1) * 4], rtol=1e-4, atol=1e-5)
+weight_grad = weight.grad.clone()
+dist.all_reduce(weight_grad)
+torch.testing.assert_close(weight_grad, ref_w.grad, rtol=1e-4, atol=1e-5)
 print(f"rank {rank} ok")
 # Same teardown as tests/parallel/_launch.py: no rank leaves while its peer may be in a collective,
 # and interpreter teardown is skipped (gloo/DDP C++ threads destroyed at exit can abort a finished rank).

@@ -6,3 +6,6 @@ from apexlite.amp.o1.registry import (  # noqa: F401
     float_function, half_function, promote_function, register_float_function,
     register_half_function, register_promote_function,
 )
+from apexlite.compat import generic
+
+__getattr__ = generic.fallback_getattr(__name__)

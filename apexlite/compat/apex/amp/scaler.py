@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, Optional, Sequence
 
 import torch
 
+from apexlite.compat import generic
 from apexlite.amp.scaler import LossScaler as _LossScaler
 from apexlite.amp.scaler import unscale_and_check
 
@@ -96,3 +97,6 @@ class LossScaler(_LossScaler):
         self._loss_scale = float(scale)
         self._unskipped = int(state.get("_unskipped", 0))
         self._has_overflow = bool(state.get("_has_overflow", False))
+
+
+__getattr__ = generic.fallback_getattr(__name__)

@@ -22,6 +22,7 @@ from torch.autograd import Variable  # noqa: F401
 from torch.nn.parameter import Parameter  # noqa: F401
 
 from apexlite._logging import get_logger
+from apexlite.compat import generic
 from apexlite.compat.apex.amp._amp_state import _amp_state, maybe_print  # noqa: F401
 from apexlite.compat.apex.amp.scaler import LossScaler
 from apexlite.compat.apex.fp16_utils._scaler_state import restore_loss_scaler
@@ -238,3 +239,6 @@ class FP16_Optimizer:
     @param_groups.setter
     def param_groups(self, value: List[Dict[str, Any]]) -> None:
         self.optimizer.param_groups = value
+
+
+__getattr__ = generic.fallback_getattr(__name__)

@@ -10,6 +10,12 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from apexlite.amp.model_cast import convert_network as _convert_network
 
 clip_grad_norm = torch.nn.utils.clip_grad_norm_
+TORCH_MAJOR, TORCH_MINOR = (int(part) for part in torch.__version__.split(".")[:2])
+
+
+def backwards_debug_hook(grad: torch.Tensor) -> None:
+    """A tensor hook that raises: register it on fp32 masters to catch a backward pass that reaches them."""
+    raise RuntimeError("master_params received a gradient in the backward pass; only the model's params should.")
 
 
 class tofp16(torch.nn.Module):

@@ -10,6 +10,7 @@ from typing import Any, Iterable, Tuple
 
 import torch
 
+from apexlite.compat import generic
 from apexlite.compat.apex.fp16_utils.fp16util import to_python_float  # noqa: F401  (also defined here in apex)
 
 
@@ -76,3 +77,6 @@ class DynamicLossScaler(_ScalerBase):
         elif (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
             self.cur_scale *= self.scale_factor
         self.cur_iter += 1
+
+
+__getattr__ = generic.fallback_getattr(__name__)

@@ -6,13 +6,20 @@ backward. apex's arguments are all accepted. Those that change results are honou
 message_size maps to bucket_cap_mb; the ones that only tune overlap and streams
 (delay_allreduce, allreduce_trigger_params, num_allreduce_streams, allreduce_communicators,
 retain_allreduce_buffers, prof) are validated as apex did and logged once as not applicable.
+
+The flat-buffer helpers BERT pretraining scripts call (`flat_dist_call`, `flatten`, `unflatten`, ...)
+work as in apex, on torch's _flatten_dense_tensors/_unflatten_dense_tensors (apex's C++ versions did
+the same) for tensors on any device.
 """
-from typing import Any, Callable, List, Optional, Union
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from apexlite._logging import get_logger
+from apexlite.compat import generic
 
 log = get_logger("compat.parallel")
 
@@ -22,6 +29,79 @@ _SHARED_PARAM_MESSAGE = (
     "If you still wish to delay communication to the end of the backward pass, use "
     "delay_allreduce=True|False instead."
 )
+
+
+# apex chose between its C++ and torch's flatten at first use; apexlite always has torch's.
+imported_flatten_impl = True
+
+
+def import_flatten_impl() -> None:
+    """Nothing to choose: flatten/unflatten are torch's (apex fell back to these without its C++ extension)."""
+
+
+def flatten(bucket: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The tensors of `bucket` concatenated into one flat tensor."""
+    return _flatten_dense_tensors(bucket)
+
+
+def unflatten(coalesced: torch.Tensor, bucket: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """Views of a flat tensor with the shapes of the tensors of `bucket`."""
+    return _unflatten_dense_tensors(coalesced, bucket)
+
+
+def apply_flat_dist_call(bucket: Sequence[torch.Tensor], call: Callable[..., Any],
+                         extra_args: Optional[Sequence[Any]] = None) -> None:
+    """Run `call` (e.g. dist.all_reduce, dist.broadcast) once on the flattened bucket and copy the result back.
+
+    After dist.all_reduce the result is divided by the world size (an average), as apex did. The
+    tensors of one bucket must share dtype and device.
+    """
+    coalesced = flatten(bucket)
+    call(coalesced, *(extra_args if extra_args is not None else ()))
+    if call is dist.all_reduce:
+        coalesced /= dist.get_world_size()
+    for tensor, synced in zip(bucket, unflatten(coalesced, bucket)):
+        tensor.copy_(synced)
+
+
+def split_half_float_double(tensors: Sequence[torch.Tensor]) -> List[List[torch.Tensor]]:
+    """The tensors grouped by dtype: float16, float32, float64, in that order, empty groups left out.
+
+    apex grouped only CUDA tensors; apexlite groups tensors of any device.
+    """
+    buckets = [[t for t in tensors if t.dtype == dtype] for dtype in (torch.float16, torch.float32, torch.float64)]
+    return [bucket for bucket in buckets if bucket]
+
+
+def split_by_type(tensors: Sequence[torch.Tensor]) -> Dict[str, List[torch.Tensor]]:
+    """The tensors grouped by `tensor.type()` (dtype and device), in first-seen order."""
+    buckets: Dict[str, List[torch.Tensor]] = OrderedDict()
+    for tensor in tensors:
+        buckets.setdefault(tensor.type(), []).append(tensor)
+    return buckets
+
+
+def flat_dist_call(tensors: Sequence[torch.Tensor], call: Callable[..., Any],
+                   extra_args: Optional[Sequence[Any]] = None) -> None:
+    """`apply_flat_dist_call` on each group of same-type tensors: one collective per dtype and device."""
+    for bucket in split_by_type(tensors).values():
+        apply_flat_dist_call(bucket, call, extra_args)
+
+
+def extract_tensors(maybe_tensor: Any, tensor_list: List[torch.Tensor]) -> None:
+    """Append every tensor inside `maybe_tensor` (walking nested iterables; strings, where apex's recursed
+    without end, are skipped) to `tensor_list`."""
+    if torch.is_tensor(maybe_tensor):
+        tensor_list.append(maybe_tensor)
+        return
+    if isinstance(maybe_tensor, (str, bytes)):
+        return
+    try:
+        items = iter(maybe_tensor)
+    except TypeError:
+        return
+    for item in items:
+        extract_tensors(item, tensor_list)
 
 
 def _average_hook(gradient_average: bool, predivide: float, always_fp32: bool) -> Callable[..., Any]:
@@ -120,3 +200,6 @@ class Reducer:
         for tensor in tensors:
             dist.all_reduce(tensor)
             tensor.div_(world)
+
+
+__getattr__ = generic.fallback_getattr(__name__)

@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from apexlite.compat import generic
+
 _CHANNEL_LAST_ADVICE = ("channel_last=True is not supported by apexlite's SyncBatchNorm; keep the default "
                         "and use tensors in torch.channels_last memory format instead (same NCHW shape).")
 
@@ -115,3 +117,6 @@ def create_syncbn_process_group(group_size: int) -> Any:
         if start <= rank < start + group_size:
             mine = group
     return mine
+
+
+__getattr__ = generic.fallback_getattr(__name__)

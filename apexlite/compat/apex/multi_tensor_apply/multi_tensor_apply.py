@@ -1,4 +1,4 @@
-"""`apex.multi_tensor_apply`: the `multi_tensor_applier` that calls `amp_C` ops (see apexlite.compat.amp_C)."""
+"""`apex.multi_tensor_apply.multi_tensor_apply`: MultiTensorApply, which calls `amp_C` ops (see apexlite.compat.amp_C)."""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
@@ -25,5 +25,3 @@ class MultiTensorApply:
                  tensor_lists: Sequence[Sequence[torch.Tensor]], *args: Any) -> Any:
         return op(self.chunk_size, noop_flag_buffer, tensor_lists, *args)
 
-
-multi_tensor_applier = MultiTensorApply(DEFAULT_CHUNK_SIZE)

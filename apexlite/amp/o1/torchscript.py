@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from apexlite.amp.o1.function_wrappers import make_function_wrapper
 from apexlite.amp.o1.patcher import Patcher
 
 HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks")
@@ -86,11 +87,10 @@ def _script(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
 
 def patch_torch_jit(patcher: Patcher, state: Any) -> None:
     """Patch torch.jit.script, trace and trace_module as NOTE [TorchScript] says (recorded in `patcher`)."""
-    from apexlite.amp.o1.function_wrappers import O1FunctionWrapper
-
     def casts_off(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
         with state.disabled():
             return wrapped(*args, **kwargs)
 
     for name, wrapper in (("script", _script), ("trace", casts_off), ("trace_module", casts_off)):
-        patcher.set_attribute(torch.jit, name, O1FunctionWrapper(getattr(torch.jit, name), wrapper, (torch.jit, name)))
+        patched = make_function_wrapper(getattr(torch.jit, name), wrapper, (torch.jit, name))
+        patcher.set_attribute(torch.jit, name, patched)

@@ -15,10 +15,11 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Tuple
 
 import torch
+import wrapt
 
 from apexlite._logging import get_logger
 from apexlite.amp.o1.cast_state import CastState
-from apexlite.amp.o1.function_wrappers import O1FunctionWrapper
+from apexlite.amp.o1.function_wrappers import make_function_wrapper
 from apexlite.amp.o1.lists import BANNED_MESSAGES
 from apexlite.amp.o1.native_casts import native_wrapper
 from apexlite.amp.o1.policies import (
@@ -28,6 +29,7 @@ from apexlite.amp.o1.policies import (
 log = get_logger("amp.casts")
 
 tracing = getattr(torch._C, "_is_tracing", lambda: False)  # torch.jit.trace in progress on this thread
+Tensor = torch.Tensor
 
 
 def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) -> Callable:
@@ -52,7 +54,7 @@ def _cast_call(original, instance, args, kwargs, cast) -> Any:
     """Call `original` with every floating tensor in args, kwargs (and `instance`) passed through `cast`."""
     cast_args = []
     for arg in args:
-        if isinstance(arg, torch.Tensor):
+        if isinstance(arg, Tensor):
             arg = cast(arg)
         elif isinstance(arg, (list, tuple, dict)):
             arg = map_tensors(arg, cast)
@@ -67,14 +69,16 @@ def _cast_call(original, instance, args, kwargs, cast) -> Any:
 def _fixed_dtype_wrapper(state: CastState, original: Callable, name: str, low: bool) -> Callable:
     """LOW_PRECISION (cached, dtype read per call) or FLOAT (uncached) casts."""
     casters = {}
+    fp32_cast = None if low else _caster(state, torch.float32, name, use_cache=False)
 
     def wrapper(wrapped, instance, args, kwargs):
         if not state.active or state.thread.disabled_depth or tracing() or (kwargs and kwargs.get("out") is not None):
             return wrapped(*args, **kwargs)
-        dtype = state.low_dtype if low else torch.float32
-        cast = casters.get(dtype)
+        cast = fp32_cast
         if cast is None:
-            cast = casters[dtype] = _caster(state, dtype, name, use_cache=low)
+            cast = casters.get(state.low_dtype)
+            if cast is None:
+                cast = casters[state.low_dtype] = _caster(state, state.low_dtype, name, use_cache=True)
         return _cast_call(original, instance, args, kwargs, cast)
 
     return wrapper
@@ -172,12 +176,12 @@ def _python_wrapper(policy: CastPolicy, state: CastState, original: Callable, na
 
 
 def make_wrapper(policy: CastPolicy, state: CastState, original: Callable, name: str,
-                 location: Optional[Tuple[Any, str]] = None) -> O1FunctionWrapper:
+                 location: Optional[Tuple[Any, str]] = None) -> wrapt.FunctionWrapper:
     """A wrapt FunctionWrapper around `original` (a function, or a raw method descriptor) for `policy`,
-    to be installed at `location` ((module or class, attribute name), by which it pickles).
+    to be installed at `location` ((module or class, attribute name); function_wrappers.py).
 
     Wrappers that cast `self` call `original(cast(self), ...)` rather than wrapt's bound `wrapped`.
     With a native session state the four casting policies get apexlite._C's wrapper, the rest Python's.
     """
     wrapper = native_wrapper(policy, state, original, name) or _python_wrapper(policy, state, original, name)
-    return O1FunctionWrapper(original, wrapper, location)
+    return make_function_wrapper(original, wrapper, location)

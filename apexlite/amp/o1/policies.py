@@ -11,7 +11,8 @@ NOTE [walking arguments] (the native path, csrc/torch/o1_cast_args.cpp, follows 
 - A container holding nothing that changed is passed on as the very same object; one holding a cast
   tensor is rebuilt with its own type (`rebuild`: a defaultdict keeps its factory).
 - Nesting is bounded by Python's recursion limit: a self-containing or absurdly deep structure raises
-  RecursionError on both paths.
+  RecursionError on both paths. The native walk also stops at 10,000 levels (its C stack's bound), so a
+  program that raises the recursion limit above that sees RecursionError there first.
 - What counts as a tensor: here `isinstance(value, torch.Tensor)`, which honours an overridden
   `__class__` (a mock); the native path checks the object's real type, so it never reads a mock as a
   tensor. Both pass such an object on unchanged (a mock's dtype is not a castable one).

@@ -17,6 +17,7 @@ def _own_attribute(target: Any, name: str) -> Any:
 def snapshot_patch_targets() -> Dict[str, Any]:
     pairs = [(e.namespace, e.name) for e in op_entries()] + natively_promoted_entries()
     pairs.append(("torch.nn.RNNBase", "check_input"))  # the O1 RNN input check (apexlite/amp/o1/rnn_input.py)
+    pairs += [("torch.jit", name) for name in ("script", "trace", "trace_module")]  # apexlite/amp/o1/torchscript.py
     snapshot = {}
     for namespace, name in pairs:
         snapshot[f"{namespace}.{name}"] = _own_attribute(resolve(namespace), name)

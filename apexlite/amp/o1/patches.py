@@ -11,10 +11,12 @@ from typing import Any, List, Tuple
 import torch
 
 from apexlite._logging import get_logger
+from apexlite.amp.o1.function_wrappers import install_method_pickling
 from apexlite.amp.o1.lists import OpEntry, op_entries
 from apexlite.amp.o1.patcher import raw_attribute, resolve
 from apexlite.amp.o1.policies import CastPolicy
 from apexlite.amp.o1.rnn_input import patch_rnn_input_check
+from apexlite.amp.o1.torchscript import patch_torch_jit, register_script_builtin
 from apexlite.amp.o1.wrappers import make_wrapper
 
 log = get_logger("amp")
@@ -71,10 +73,13 @@ def patch_torch_functions(session: Any, registrations: List[Tuple[Any, str, Cast
         _install(session, target, entry.name, entry.policy, entry.qualname)
         count += 1
     patch_rnn_input_check(session.cast_state, session.o1_patcher)
+    patch_torch_jit(session.o1_patcher, session.cast_state)
+    install_method_pickling(session.o1_patcher)
     return count
 
 
 def _install(session: Any, target: Any, name: str, policy: CastPolicy, qualname: str) -> None:
     original = raw_attribute(target, name)
-    wrapper = make_wrapper(policy, session.cast_state, original, qualname)
+    wrapper = make_wrapper(policy, session.cast_state, original, qualname, (target, name))
     session.o1_patcher.set_attribute(target, name, wrapper)
+    register_script_builtin(session.o1_patcher, original, wrapper)  # NOTE [TorchScript]

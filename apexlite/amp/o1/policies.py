@@ -1,13 +1,28 @@
 """Cast policies and the dtype rules shared by every O1 wrapper.
 
 Rules (as torch.autocast, not as apex): only floating tensors are cast, never float64, integer or
-bool tensors; tensors on any device are cast (apex cast only CUDA tensors); containers are walked
-recursively (lists, tuples, namedtuples, dicts) keeping their types.
+bool tensors; tensors on any device are cast (apex cast only CUDA tensors); a Tensor subclass is
+converted as torch converts it (CONVERTERS below), never through a Python override of its `.half()`.
+
+NOTE [walking arguments] (the native path, csrc/torch/o1_cast_args.cpp, follows the same rules)
+- Lists, tuples and dicts (subclasses included) are walked recursively. Each is read once, as a
+  snapshot (`tuple(a_list)`, `tuple(dict.items(a_dict))`), before anything inside it is cast: another
+  thread's edits land before or after the read, never in the middle of the walk.
+- A container holding nothing that changed is passed on as the very same object; one holding a cast
+  tensor is rebuilt with its own type (`rebuild`: a defaultdict keeps its factory).
+- Nesting is bounded by Python's recursion limit: a self-containing or absurdly deep structure raises
+  RecursionError on both paths. The native walk also stops at 10,000 levels (its C stack's bound), so a
+  program that raises the recursion limit above that sees RecursionError there first.
+- What counts as a tensor: here `isinstance(value, torch.Tensor)`, which honours an overridden
+  `__class__` (a mock); the native path checks the object's real type, so it never reads a mock as a
+  tensor. Both pass such an object on unchanged (a mock's dtype is not a castable one).
 """
 from __future__ import annotations
 
+import collections
 import enum
-from typing import Any, Callable, Optional, Set
+import operator
+from typing import Any, Callable, List, Optional, Set
 
 import torch
 
@@ -16,6 +31,8 @@ CASTABLE_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 
 # target dtype -> the Tensor method producing the same copy as `.to(dtype)` (autograd included);
 # these parse their arguments in about half the time `.to` needs, and the cast path runs per argument.
+# Called unbound, they honour a subclass's __torch_function__ but never a Python override of its
+# `.half()` (torch.autocast converts the same way); the native path calls these very objects for subclasses.
 CONVERTERS = {torch.float32: torch.Tensor.float, torch.float16: torch.Tensor.half,
               torch.bfloat16: torch.Tensor.bfloat16}
 
@@ -33,19 +50,43 @@ class CastPolicy(enum.Enum):
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply `fn` to every tensor in a nested structure, rebuilding containers of the same type."""
+    """Apply `fn` to every tensor in a nested structure; NOTE [walking arguments]."""
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, (list, tuple)):
-        items = [map_tensors(item, fn) for item in value]
-        if isinstance(value, list):
-            return items
-        if hasattr(value, "_fields"):  # namedtuple: positional constructor
-            return type(value)(*items)
-        return type(value)(items)
+        items = tuple(value)
+        mapped = [map_tensors(item, fn) for item in items]
+        if all(map(operator.is_, mapped, items)):
+            return value
+        return rebuild(value, mapped)
     if isinstance(value, dict):
-        return type(value)((key, map_tensors(item, fn)) for key, item in value.items())
+        pairs = tuple(dict.items(value))  # one read: keys and values from the same moment
+        items = [item for _, item in pairs]
+        mapped = [map_tensors(item, fn) for item in items]
+        if all(map(operator.is_, mapped, items)):
+            return value
+        return rebuild(value, [(key, item) for (key, _), item in zip(pairs, mapped)])
     return value
+
+
+def rebuild(container: Any, items: List[Any]) -> Any:
+    """A container of `container`'s type holding `items` (for a dict: (key, value) pairs).
+
+    Subclasses are rebuilt through their constructor, as the O2 input/output casts always did: namedtuples
+    positionally, a defaultdict with its factory, other list/tuple/dict subclasses from the items.
+    """
+    kind = type(container)
+    if kind is list:
+        return items
+    if kind is tuple:
+        return tuple(items)
+    if kind is dict:
+        return dict(items)
+    if isinstance(container, tuple) and hasattr(container, "_fields"):
+        return kind(*items)
+    if isinstance(container, collections.defaultdict):
+        return kind(container.default_factory, items)
+    return kind(items)
 
 
 def collect_float_dtypes(value: Any, found: Set[torch.dtype]) -> None:
@@ -54,10 +95,10 @@ def collect_float_dtypes(value: Any, found: Set[torch.dtype]) -> None:
         if value.dtype in CASTABLE_DTYPES:
             found.add(value.dtype)
     elif isinstance(value, (list, tuple)):
-        for item in value:
+        for item in tuple(value):
             collect_float_dtypes(item, found)
     elif isinstance(value, dict):
-        for item in value.values():
+        for item in tuple(dict.values(value)):
             collect_float_dtypes(item, found)
 
 

@@ -3,16 +3,23 @@
 A wrapper receives `(wrapped, instance, args, kwargs)` from wrapt. For a Tensor method `instance` is
 the tensor and `wrapped` is already bound to it, so wrappers that must cast `self` call the unbound
 original recorded at patch time instead: `original(cast(instance), *cast(args))`.
+
+Every wrapper passes a call straight to the unpatched op, as plain torch runs it, when:
+- the call is given `out=` (not None): torch.autocast leaves such calls uncast too, and a cast `out`
+  would be a temporary the result is lost in;
+- torch.jit is tracing: a trace records plain torch's ops (O1's casts, and its cache's copies, have no
+  place in a graph that outlives the session; NOTE [TorchScript] in torchscript.py).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 import wrapt
 
 from apexlite._logging import get_logger
 from apexlite.amp.o1.cast_state import CastState
+from apexlite.amp.o1.function_wrappers import make_function_wrapper
 from apexlite.amp.o1.lists import BANNED_MESSAGES
 from apexlite.amp.o1.native_casts import native_wrapper
 from apexlite.amp.o1.policies import (
@@ -20,6 +27,9 @@ from apexlite.amp.o1.policies import (
 )
 
 log = get_logger("amp.casts")
+
+tracing = getattr(torch._C, "_is_tracing", lambda: False)  # torch.jit.trace in progress on this thread
+Tensor = torch.Tensor
 
 
 def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) -> Callable:
@@ -44,7 +54,7 @@ def _cast_call(original, instance, args, kwargs, cast) -> Any:
     """Call `original` with every floating tensor in args, kwargs (and `instance`) passed through `cast`."""
     cast_args = []
     for arg in args:
-        if isinstance(arg, torch.Tensor):
+        if isinstance(arg, Tensor):
             arg = cast(arg)
         elif isinstance(arg, (list, tuple, dict)):
             arg = map_tensors(arg, cast)
@@ -59,14 +69,16 @@ def _cast_call(original, instance, args, kwargs, cast) -> Any:
 def _fixed_dtype_wrapper(state: CastState, original: Callable, name: str, low: bool) -> Callable:
     """LOW_PRECISION (cached, dtype read per call) or FLOAT (uncached) casts."""
     casters = {}
+    fp32_cast = None if low else _caster(state, torch.float32, name, use_cache=False)
 
     def wrapper(wrapped, instance, args, kwargs):
-        if not state.active or state.thread.disabled_depth:
+        if not state.active or state.thread.disabled_depth or tracing() or (kwargs and kwargs.get("out") is not None):
             return wrapped(*args, **kwargs)
-        dtype = state.low_dtype if low else torch.float32
-        cast = casters.get(dtype)
+        cast = fp32_cast
         if cast is None:
-            cast = casters[dtype] = _caster(state, dtype, name, use_cache=low)
+            cast = casters.get(state.low_dtype)
+            if cast is None:
+                cast = casters[state.low_dtype] = _caster(state, state.low_dtype, name, use_cache=True)
         return _cast_call(original, instance, args, kwargs, cast)
 
     return wrapper
@@ -74,7 +86,7 @@ def _fixed_dtype_wrapper(state: CastState, original: Callable, name: str, low: b
 
 def _promote_wrapper(state: CastState, original: Callable, name: str, sequence: bool) -> Callable:
     def wrapper(wrapped, instance, args, kwargs):
-        if not state.active or state.thread.disabled_depth:
+        if not state.active or state.thread.disabled_depth or tracing() or (kwargs and kwargs.get("out") is not None):
             return wrapped(*args, **kwargs)
         found: set = set()
         if instance is not None:
@@ -94,7 +106,7 @@ def _promote_wrapper(state: CastState, original: Callable, name: str, sequence: 
 
 def _match_self_wrapper(state: CastState, original: Callable, name: str) -> Callable:
     def wrapper(wrapped, instance, args, kwargs):
-        if not state.enabled or instance is None or instance.dtype not in CASTABLE_DTYPES:
+        if not state.enabled or instance is None or instance.dtype not in CASTABLE_DTYPES or tracing():
             return wrapped(*args, **kwargs)
         cast = _caster(state, instance.dtype, name, use_cache=False)
         args = [map_tensors(arg, cast) for arg in args]
@@ -106,6 +118,8 @@ def _match_self_wrapper(state: CastState, original: Callable, name: str) -> Call
 
 def _inplace_float_wrapper(state: CastState, original: Callable, name: str) -> Callable:
     def wrapper(wrapped, instance, args, kwargs):
+        if tracing():
+            return wrapped(*args, **kwargs)
         target = instance if instance is not None else (args[0] if args else None)
         if isinstance(target, torch.Tensor) and is_low_precision(target):
             raise NotImplementedError(
@@ -131,6 +145,8 @@ def _banned_wrapper(state: CastState, original: Callable, name: str) -> Callable
     float_call = _fixed_dtype_wrapper(state, original, name, low=False)
 
     def wrapper(wrapped, instance, args, kwargs):
+        if tracing():
+            return wrapped(*args, **kwargs)
         if state.allow_banned:
             return float_call(wrapped, instance, args, kwargs)
         if any(is_low_precision(arg) for arg in args) or any(is_low_precision(v) for v in kwargs.values()):
@@ -159,11 +175,13 @@ def _python_wrapper(policy: CastPolicy, state: CastState, original: Callable, na
     raise ValueError(f"unknown cast policy {policy}")  # pragma: no cover - the enum is closed
 
 
-def make_wrapper(policy: CastPolicy, state: CastState, original: Callable, name: str) -> wrapt.FunctionWrapper:
-    """A wrapt FunctionWrapper around `original` (a function, or a raw method descriptor) for `policy`.
+def make_wrapper(policy: CastPolicy, state: CastState, original: Callable, name: str,
+                 location: Optional[Tuple[Any, str]] = None) -> wrapt.FunctionWrapper:
+    """A wrapt FunctionWrapper around `original` (a function, or a raw method descriptor) for `policy`,
+    to be installed at `location` ((module or class, attribute name); function_wrappers.py).
 
     Wrappers that cast `self` call `original(cast(self), ...)` rather than wrapt's bound `wrapped`.
     With a native session state the four casting policies get apexlite._C's wrapper, the rest Python's.
     """
     wrapper = native_wrapper(policy, state, original, name) or _python_wrapper(policy, state, original, name)
-    return wrapt.FunctionWrapper(original, wrapper)
+    return make_function_wrapper(original, wrapper, location)

@@ -48,9 +48,9 @@ _REDUCE = {
     "cumsum": lambda: ((pos(3, 4), 0), {}),
     "dist": lambda: ((pos(3, 4), pos(3, 4)), {}),
     "norm": lambda: ((pos(3, 4),), {}),
-    "prod": lambda: ((pos(3, 4),), {}),
+    "prod": lambda: ((pos(3, 4), 0), {}),  # over a dim: the form that also takes out=
     "std": lambda: ((pos(3, 4),), {}),
-    "sum": lambda: ((pos(3, 4),), {}),
+    "sum": lambda: ((pos(3, 4), 0), {}),
     "var": lambda: ((pos(3, 4),), {}),
     "renorm": lambda: ((r(3, 4), 2, 0, 1.0), {}),
     "softmax": lambda: ((r(3, 4), -1), {}),

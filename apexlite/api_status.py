@@ -68,7 +68,8 @@ TABLE: Tuple[ApiStatus, ...] = (
               "also accepts a torch.amp.GradScaler state dict; a loss scale that is not a finite positive number "
               "is rejected"),
     ApiStatus("apex.amp.disable_casts", DIFFERS,
-              "per thread (other threads keep casting); casts are restored even when the block raises"),
+              "per thread (other threads keep casting); casts are restored even when the block raises; "
+              "leaving the block on another thread than the one that entered it is an error"),
     *_rows(SUPPORTED, "", ["apex.amp.half_function", "apex.amp.float_function", "apex.amp.promote_function",
                            "apex.amp.register_half_function", "apex.amp.register_float_function",
                            "apex.amp.register_promote_function", "apex.amp._amp_state"]),

@@ -122,15 +122,15 @@ def test_vmap_through_an_o1_model_equals_vmap_of_the_casts_written_out():
 def test_sparse_parameters_run_as_under_autocast(frozen):
     torch.manual_seed(0)
     weight = torch.nn.Parameter(torch.randn(4, 4).relu().to_sparse(), requires_grad=not frozen)
-    dense = torch.randn(4, 3, requires_grad=True)
+    source = torch.randn(4, 3, requires_grad=True)
 
     def run():
-        out = torch.mm(weight, dense)
+        out = torch.mm(weight, source * 1.0)  # a non-leaf operand: only the weight is a cache candidate
         if not frozen:  # torch cannot backpropagate through a sparse tensor's dtype conversion
             return out.detach(), out.detach()
         out.float().sum().backward()
-        grad = dense.grad.clone()
-        dense.grad = None
+        grad = source.grad.clone()
+        source.grad = None
         return out.detach(), grad
 
     expected = under_autocast(run)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from apexlite import amp
+from apexlite.amp.handle import init as amp_init
 from apexlite.amp.session import current_session
 
 pytestmark = pytest.mark.usefixtures("cast_path")  # native and pure-Python O1 casts
@@ -107,3 +108,33 @@ def test_the_cache_holds_nothing_after_deinitialize():
     assert len(cache) == 1
     amp.deinitialize()
     assert len(cache) == 0
+
+
+def test_registered_weights_are_the_parameters_of_registered_models_and_optimizers():
+    model, other, unregistered = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(other.parameters(), lr=0.1)
+    amp.initialize(model, opt_level="O1", dtype=DTYPE, verbosity=0)
+    try:
+        cache = current_session().cache
+        assert all(cache.owns(p) for p in model.parameters())
+        assert not any(cache.owns(p) for p in [*other.parameters(), *unregistered.parameters()])
+        amp.initialize([], opt, opt_level="O1", dtype=DTYPE, verbosity=0)  # an optimizer joins the session
+        assert all(cache.owns(p) for p in [*model.parameters(), *other.parameters()])
+        assert not any(cache.owns(p) for p in unregistered.parameters())
+    finally:
+        amp.deinitialize()
+    assert not any(cache.owns(p) for p in [*model.parameters(), *other.parameters()])
+
+
+def test_an_optimizer_registered_by_the_handle_api_owns_its_weights():
+    handle = amp_init(enabled=True)
+    try:
+        layer = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+        cache = current_session().cache
+        assert not cache.owns(layer.weight)
+        with handle.scale_loss(layer(torch.randn(2, 4)).float().sum(), opt) as scaled:
+            scaled.backward()
+        assert cache.owns(layer.weight) and cache.owns(layer.bias)
+    finally:
+        handle._deactivate()

@@ -219,3 +219,22 @@ def test_an_interrupt_during_a_weight_cast_leaves_no_entry_and_casts_afresh_next
     assert current_session().cast_state.enabled
     out = torch.nn.functional.linear(x, weight)
     assert torch.equal(out.detach(), torch.nn.functional.linear(x.to(DTYPE), weight.detach().to(DTYPE)))
+
+
+def test_an_interrupted_forward_holds_its_inputs_no_longer_than_until_the_next_forward(o1_net):
+    import gc
+    import weakref
+
+    net, _, _ = o1_net
+    x = torch.randn(5, 8)
+    ref = weakref.ref(x)
+    net.interrupt = KeyboardInterrupt
+    try:
+        net(x)
+    except KeyboardInterrupt:
+        pass
+    del x
+    net.interrupt = None
+    net(torch.randn(5, 8))  # finds the interrupted forward's scope over and lets go of its frame
+    gc.collect()
+    assert ref() is None

@@ -35,6 +35,7 @@ def _registered(session: AmpSession, optimizer: Any) -> AmpOptimizer:
         amp_optimizer = AmpOptimizer(optimizer, session, PlainGrads(optimizer))
         session.optimizers[id(optimizer)] = amp_optimizer
         amp_optimizer.install()
+        session.own_registered_weights()
     return amp_optimizer
 
 
@@ -49,10 +50,9 @@ class AmpHandle:
     def is_active(self) -> bool:
         return self._is_active and not self._session.closed
 
-    @contextlib.contextmanager
-    def _disable_casts(self) -> Iterator[None]:
-        with self._session.casts_disabled():
-            yield
+    def _disable_casts(self) -> Any:
+        """A block with casts off in the calling thread (left on the same thread)."""
+        return self._session.casts_disabled()
 
     @contextlib.contextmanager
     def scale_loss(self, loss: torch.Tensor, optimizer: Any) -> Iterator[torch.Tensor]:
@@ -109,9 +109,8 @@ class NoOpHandle:
     def is_active(self) -> bool:
         return False
 
-    @contextlib.contextmanager
-    def _disable_casts(self) -> Iterator[None]:
-        yield
+    def _disable_casts(self) -> Any:
+        return contextlib.nullcontext()
 
     @contextlib.contextmanager
     def scale_loss(self, loss: Any, optimizer: Any) -> Iterator[Any]:

@@ -124,16 +124,48 @@ def _compiling() -> bool:
     return bool(is_compiling is not None and is_compiling())
 
 
-@contextlib.contextmanager
-def disable_casts() -> Iterator[None]:
+class DisabledCasts(contextlib.ContextDecorator):
+    """What `amp.disable_casts()` returns: a block with O1 casts off in the calling thread, left on that
+    thread (cast_state.CastsOffBlock); also a decorator. The session is looked up on entering."""
+
+    def __init__(self) -> None:
+        self._block: Any = None
+
+    def _recreate_cm(self) -> "DisabledCasts":
+        return DisabledCasts()
+
+    def __enter__(self) -> None:
+        if _compiling():
+            # A graph traced here would keep the casts (they are baked in when torch.compile traces the
+            # patched ops): break the graph and enter eagerly, so the block is traced anew with the casts
+            # really off.
+            return torch._dynamo.disable(DisabledCasts._enter)(self)
+        return self._enter()
+
+    def _enter(self) -> None:
+        if self._block is not None:
+            raise RuntimeError("this amp.disable_casts() block is already entered; call amp.disable_casts() "
+                               "again for each `with`.")
+        session = current_session(
+            required=True,
+            message="amp.disable_casts() needs an active session: call amp.initialize(..., opt_level='O1') first.",
+        )
+        self._block = session.casts_disabled()
+        self._block.__enter__()
+
+    def __exit__(self, *exc_info: Any) -> bool:
+        if _compiling():  # the switch flips eagerly, as on entering
+            return torch._dynamo.disable(DisabledCasts._exit)(self, *exc_info)
+        return self._exit(*exc_info)
+
+    def _exit(self, *exc_info: Any) -> bool:
+        if self._block is None:
+            raise RuntimeError("an amp.disable_casts() block was left without having been entered.")
+        suppress = self._block.__exit__(*exc_info)  # refuses another thread before changing anything
+        self._block = None
+        return suppress
+
+
+def disable_casts() -> DisabledCasts:
     """Run a block with O1 casts off in the calling thread (e.g. a custom op that needs its inputs untouched)."""
-    if _compiling():
-        # A graph traced here would keep the casts (they are baked in when torch.compile traces the
-        # patched ops): break the graph, so the block is traced anew with the casts really off.
-        torch._dynamo.graph_break()
-    session = current_session(
-        required=True,
-        message="amp.disable_casts() needs an active session: call amp.initialize(..., opt_level='O1') first.",
-    )
-    with session.casts_disabled():
-        yield
+    return DisabledCasts()

@@ -8,13 +8,25 @@ it: the latest call's options apply (opt level, dtype, verbosity), the loss scal
 fresh ones that every registered optimizer then shares (as in apex), new models and optimizers join
 the ones registered before, and O1's torch patches are installed once, never stacked. Passing an
 optimizer (or an O2/O3-cast model) a second time stays an error. `deinitialize()` undoes everything.
+
+NOTE [forward scope]
+Under O1 the end of a registered model's outermost forward drops the cast cache (cache.py's NOTE
+[cast cache lifetime]). The scope is kept per thread as the frame of the outermost forward's
+`Module._call_impl`, not as a depth count: torch runs forward hooks on the way out only for an
+`Exception`, so a KeyboardInterrupt, SystemExit or GeneratorExit passing through a forward skips the
+end hook. A count would then stay raised for good and no later forward would drop the cache; a frame
+is checked instead: when a registered forward starts and the recorded frame is no longer on the
+thread's stack, that forward was interrupted, its scope is over (the cache is dropped) and the new
+forward is the outermost one. The recorded frame is held only while its scope is open or until that
+check (the next registered forward, `scale_loss` or the session's end) finds it interrupted.
 """
 from __future__ import annotations
 
-import contextlib
+import sys
 import threading
+import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 
@@ -71,10 +83,37 @@ class SessionOptions:
     max_nonfinite_losses: int = DEFAULT_MAX_NONFINITE_LOSSES
 
 
-class _ForwardDepth(threading.local):
-    """Per-thread nesting depth of forwards of registered models."""
+class _ForwardScope(threading.local):
+    """Per-thread: the `Module._call_impl` frame of the outermost registered forward running (NOTE [forward scope])."""
 
-    depth = 0
+    frame: Optional[types.FrameType] = None
+
+
+_CALL_IMPL_CODE = torch.nn.Module._call_impl.__code__
+
+
+def _module_call_frame(hook_caller: types.FrameType) -> types.FrameType:
+    """The `Module._call_impl` frame that runs a forward hook, given the hook's caller's frame (torch
+    calls hooks from `_call_impl` itself or from a function nested in it). Should a torch release call
+    them otherwise, the caller's frame stands in: a forward that raises then has its scope ended by
+    the next registered forward instead of by its own end hook."""
+    frame: Optional[types.FrameType] = hook_caller
+    for _ in range(3):
+        if frame is None:
+            break
+        if frame.f_code is _CALL_IMPL_CODE:
+            return frame
+        frame = frame.f_back
+    return hook_caller
+
+
+def _on_stack(target: types.FrameType, frame: Optional[types.FrameType]) -> bool:
+    """True when `target` is `frame` or one of its callers (the call it stands for is still running)."""
+    while frame is not None:
+        if frame is target:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class ForwardScopeStart:
@@ -84,16 +123,17 @@ class ForwardScopeStart:
     def __call__(self, module: Any, args: Any) -> None:
         session = _Process.session
         if session is not None and not tracing():  # compiled graphs hold their own casts, not the cache's
-            session.enter_forward()
+            session.enter_forward(_module_call_frame(sys._getframe(1)))
 
 
 class ForwardScopeEnd:
-    """Forward hook pairing ForwardScopeStart (runs even when the forward raises, on torch >= 2.0)."""
+    """Forward hook pairing ForwardScopeStart (runs when the forward returns or raises an Exception;
+    an interrupted forward is found out by the next ForwardScopeStart, NOTE [forward scope])."""
 
     def __call__(self, module: Any, args: Any, output: Any) -> None:
         session = _Process.session
         if session is not None and not tracing():
-            session.exit_forward()
+            session.exit_forward(_module_call_frame(sys._getframe(1)))
 
 
 class AmpSession:
@@ -110,7 +150,7 @@ class AmpSession:
         self.optimizers: Dict[int, Any] = {}  # id(optimizer) -> AmpOptimizer
         self.models: List[torch.nn.Module] = []
         self.scoped_models: List[int] = []  # ids of models whose outermost forward ends a cast scope
-        self.forward_depth = _ForwardDepth()
+        self.forward_scope = _ForwardScope()
         self.from_initialize = False  # something was registered by amp.initialize (not only amp.init)
         self.handle: Any = None  # the O1 handle (`amp._amp_state.handle`), see apexlite/amp/handle.py
         self.stats = RunStats(keep_samples=telemetry_requested())
@@ -149,8 +189,22 @@ class AmpSession:
 
     def publish(self) -> None:
         """Make this the process's current session."""
+        self.own_registered_weights()
         _Process.session = self
         track_session(self)
+
+    def registered_weights(self) -> Iterable[torch.Tensor]:
+        """The parameters of every registered model and optimizer."""
+        for model in self.models:
+            yield from model.parameters()
+        for amp_optimizer in self.optimizers.values():
+            for group in amp_optimizer.optimizer.param_groups:
+                yield from group["params"]
+
+    def own_registered_weights(self) -> None:
+        """Let the cast cache hold the registered weights' casts strongly (cache.py's NOTE [cast cache
+        lifetime]); every other tensor's casts it holds weakly."""
+        self.cache.own(list(self.registered_weights()))
 
     # --- logging -------------------------------------------------------------------------------
     def info(self, message: str, *args, all_ranks: bool = False) -> None:
@@ -163,31 +217,37 @@ class AmpSession:
     def patches_torch(self) -> bool:
         return bool(self.properties.patch_torch_functions)
 
-    @contextlib.contextmanager
-    def casts_disabled(self) -> Iterator[None]:
-        """Turn O1 casts off for a block in the calling thread only (nesting-safe)."""
-        with self.cast_state.disabled():
-            yield
+    def casts_disabled(self) -> Any:
+        """A block with O1 casts off in the calling thread only (nesting-safe, left on the same thread)."""
+        return self.cast_state.disabled()
 
     def release_casts(self) -> None:
         """Drop cached weight casts without ending the iteration (the forward pass is over)."""
         self.cache.clear()
 
     def end_iteration(self) -> None:
-        """Iteration boundary: drop cached weight casts."""
+        """Iteration boundary: drop cached weight casts (and this thread's interrupted forward scope)."""
         self.stats.record_casts(self.cache)
         self.cache.clear()
+        scope = self.forward_scope
+        if scope.frame is not None and not _on_stack(scope.frame, sys._getframe()):
+            scope.frame = None
 
-    def enter_forward(self) -> None:
-        """A registered model's forward starts: count this thread's forward nesting."""
-        self.forward_depth.depth += 1
+    def enter_forward(self, frame: types.FrameType) -> None:
+        """A registered model's forward starts in the `_call_impl` frame `frame` (NOTE [forward scope])."""
+        scope = self.forward_scope
+        if scope.frame is not None:
+            if _on_stack(scope.frame, frame):
+                return  # nested in the outermost registered forward
+            self.cache.clear()  # the recorded forward was interrupted: its scope is over
+        scope.frame = frame
 
-    def exit_forward(self) -> None:
+    def exit_forward(self, frame: types.FrameType) -> None:
         """When the outermost forward returns, its casts may be stale by the next one (a
         `p.data.copy_` between forwards changes no version counter), so they are dropped."""
-        depth = self.forward_depth.depth - 1
-        self.forward_depth.depth = max(depth, 0)
-        if depth <= 0:
+        scope = self.forward_scope
+        if scope.frame is frame:
+            scope.frame = None
             self.cache.clear()
 
     # --- optimizers ----------------------------------------------------------------------------
@@ -219,6 +279,8 @@ class AmpSession:
         finally:
             self.cast_state.active = False
             self.cache.clear()
+            self.cache.own([])
+            self.forward_scope = _ForwardScope()
             self.optimizers.clear()
             self.models.clear()
             if _Process.session is self:

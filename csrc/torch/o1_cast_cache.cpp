@@ -1,38 +1,18 @@
-// apexlite._C.CastCache: the native twin of apexlite/amp/o1/cache.py (same rules, see its NOTE).
-// A weight (a leaf that requires grad, or a Parameter) is cast once and served again while its version
-// counter and data pointer are unchanged; a cast made without grad is not served where grad is needed;
-// nothing is cached under inference mode or while a dispatch mode traces (torch.compile, make_fx) or
-// for tensors without real storage (fake/functional tensors).
+// apexlite._C.CastCache: the native twin of apexlite/amp/o1/cache.py, the Python type over a CacheTable
+// (o1_cast_table.h/.cpp hold the table and the rules, the same as cache.py's NOTEs).
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <c10/core/GradMode.h>
-#include <c10/core/InferenceMode.h>
-#include <c10/core/impl/TorchDispatchModeTLS.h>
-
 #include <vector>
 
+#include "o1_cast_table.h"
 #include "o1_casts.h"
 
 namespace apexlite {
 namespace o1 {
 namespace {
-
-bool is_weight(PyObject* obj, const at::Tensor& tensor) {
-  if (!tensor.is_leaf()) return false;
-  if (tensor.requires_grad()) return true;
-  // a frozen Parameter is still a weight; plain tensors skip the (Python-level) isinstance check
-  return Py_TYPE(obj) != reinterpret_cast<PyTypeObject*>(THPVariableClass) &&
-         PyObject_IsInstance(obj, ParameterClass) == 1;
-}
-
-bool traced(const at::Tensor& tensor) {
-  const auto keys = tensor.key_set();
-  return keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::Functionalize) ||
-         !tensor.has_storage() || tensor.is_meta() || c10::impl::TorchDispatchModeTLS::any_modes_set();
-}
 
 CastCacheObject* as_cache(PyObject* self) { return reinterpret_cast<CastCacheObject*>(self); }
 
@@ -40,14 +20,14 @@ PyObject* cache_new(PyTypeObject* type, PyObject*, PyObject*) {
   PyObject* self = type->tp_alloc(type, 0);
   if (self == nullptr) return nullptr;
   auto* cache = as_cache(self);
-  cache->entries = new std::unordered_map<CacheKey, CacheEntry, CacheKeyHash>();
+  cache->table = new CacheTable();
   cache->casts = 0;
   cache->hits = 0;
   return self;
 }
 
 void cache_dealloc(PyObject* self) {
-  delete as_cache(self)->entries;
+  delete as_cache(self)->table;
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -65,13 +45,8 @@ PyObject* cache_cast(PyObject* self, PyObject* args) {
   END_HANDLE_TH_ERRORS
 }
 
-// NOTE [no tensor dies inside the map]: dropping the last reference to a cached tensor can run Python
-// code (its Python object is freed), and Python may then switch threads; another thread must never
-// see the map half-updated. So every mutation moves the old entries out first and lets them die once
-// the map is consistent again.
 PyObject* cache_clear(PyObject* self, PyObject*) {
-  std::unordered_map<CacheKey, CacheEntry, CacheKeyHash> dead;
-  dead.swap(*as_cache(self)->entries);
+  as_cache(self)->table->clear();
   Py_RETURN_NONE;
 }
 
@@ -81,35 +56,49 @@ PyObject* cache_reset_counters(PyObject* self, PyObject*) {
   Py_RETURN_NONE;
 }
 
+PyObject* cache_own(PyObject* self, PyObject* weights) {
+  HANDLE_TH_ERRORS
+  std::vector<at::Tensor> tensors;
+  PyObject* iterator = PyObject_GetIter(weights);
+  if (iterator == nullptr) return nullptr;
+  while (PyObject* item = PyIter_Next(iterator)) {
+    if (!THPVariable_Check(item)) {
+      PyErr_Format(PyExc_TypeError, "CastCache.own() takes tensors; got %s", Py_TYPE(item)->tp_name);
+      Py_DECREF(item);
+      Py_DECREF(iterator);
+      return nullptr;
+    }
+    tensors.push_back(THPVariable_Unpack(item));
+    Py_DECREF(item);
+  }
+  Py_DECREF(iterator);
+  if (PyErr_Occurred()) return nullptr;
+  as_cache(self)->table->own(tensors);
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* cache_owns(PyObject* self, PyObject* tensor) {
+  if (!THPVariable_Check(tensor)) Py_RETURN_FALSE;
+  return PyBool_FromLong(as_cache(self)->table->owns(THPVariable_Unpack(tensor)) ? 1 : 0);
+}
+
 const c10::TensorImpl* impl_of(PyObject* obj) {
   return THPVariable_Check(obj) ? THPVariable_Unpack(obj).unsafeGetTensorImpl() : nullptr;
 }
 
 PyObject* cache_remove(PyObject* self, PyObject* weight) {
-  const c10::TensorImpl* impl = impl_of(weight);
-  auto* entries = as_cache(self)->entries;
-  std::vector<CacheEntry> dead;  // NOTE [no tensor dies inside the map]
-  for (auto it = entries->begin(); it != entries->end();) {
-    if (it->first.impl == impl) {
-      dead.push_back(std::move(it->second));
-      it = entries->erase(it);
-    } else {
-      ++it;
-    }
-  }
+  as_cache(self)->table->erase_weight(impl_of(weight));
   Py_RETURN_NONE;
 }
 
 PyObject* cache_entries(PyObject* self, PyObject*) {
   HANDLE_TH_ERRORS
-  std::vector<CacheEntry> snapshot;  // wrapping may run Python code: iterate a copy, not the map
-  for (const auto& item : *as_cache(self)->entries) snapshot.push_back(item.second);
+  const auto live = as_cache(self)->table->live_entries();  // held before wrapping runs Python code
   PyObject* out = PyList_New(0);
   if (out == nullptr) return nullptr;
-  for (const CacheEntry& e : snapshot) {
-    PyObject* row = Py_BuildValue("(NLLN)", THPVariable_Wrap(e.source), static_cast<long long>(e.version),
-                                  static_cast<long long>(reinterpret_cast<intptr_t>(e.address)),
-                                  THPVariable_Wrap(e.cast));
+  for (const auto& entry : live) {
+    PyObject* row = Py_BuildValue("(NN)", THPVariable_Wrap(entry.first), THPVariable_Wrap(entry.second));
     if (row == nullptr || PyList_Append(out, row) < 0) {
       Py_XDECREF(row);
       Py_DECREF(out);
@@ -121,12 +110,16 @@ PyObject* cache_entries(PyObject* self, PyObject*) {
   END_HANDLE_TH_ERRORS
 }
 
-Py_ssize_t cache_len(PyObject* self) { return static_cast<Py_ssize_t>(as_cache(self)->entries->size()); }
+Py_ssize_t cache_len(PyObject* self) {
+  CacheTable& table = *as_cache(self)->table;
+  table.prune();
+  return static_cast<Py_ssize_t>(table.entries.size());
+}
 
 int cache_contains(PyObject* self, PyObject* weight) {
   const c10::TensorImpl* impl = impl_of(weight);
-  for (const auto& item : *as_cache(self)->entries) {
-    if (item.first.impl == impl) return 1;
+  for (const auto& item : as_cache(self)->table->entries) {
+    if (item.first.impl == impl && item.second.live()) return 1;
   }
   return 0;
 }
@@ -138,8 +131,10 @@ PyMethodDef cache_methods[] = {
     {"cast", cache_cast, METH_VARARGS, "cast(tensor, dtype): the tensor in dtype, cached when it is a weight"},
     {"clear", cache_clear, METH_NOARGS, "drop every entry (iteration or forward boundary)"},
     {"reset_counters", cache_reset_counters, METH_NOARGS, "zero the casts/hits counters"},
+    {"own", cache_own, METH_O, "own(weights): the registered weights, whose casts are held (replaces the set)"},
+    {"owns", cache_owns, METH_O, "owns(tensor): whether the tensor is a registered weight"},
     {"remove", cache_remove, METH_O, "forget every cast of one weight"},
-    {"entries", cache_entries, METH_NOARGS, "[(weight, version, data pointer, cast), ...]"},
+    {"entries", cache_entries, METH_NOARGS, "[(weight, cast), ...] of the live entries"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyGetSetDef cache_getset[] = {
@@ -155,47 +150,6 @@ PySequenceMethods cache_sequence = [] {
 }();
 
 }  // namespace
-
-at::Tensor convert(const at::Tensor& tensor, at::ScalarType dtype) {
-  // A copy worth waiting for lets other threads run meanwhile, as torch's own bindings do (callers hold
-  // no reference into the cache across this call); a small one is over before a GIL hand-off would be.
-  if (tensor.numel() < (int64_t{1} << 16)) return tensor.to(dtype);
-  PyThreadState* saved = PyEval_SaveThread();
-  try {
-    at::Tensor out = tensor.to(dtype);
-    PyEval_RestoreThread(saved);
-    return out;
-  } catch (...) {
-    PyEval_RestoreThread(saved);
-    throw;
-  }
-}
-
-at::Tensor cached_cast(CastCacheObject* cache, PyObject* tensor_obj, const at::Tensor& tensor, at::ScalarType dtype) {
-  if (!is_weight(tensor_obj, tensor) || traced(tensor)) return convert(tensor, dtype);
-  const CacheKey key{tensor.unsafeGetTensorImpl(), dtype};
-  auto found = cache->entries->find(key);
-  if (found != cache->entries->end()) {
-    const CacheEntry& entry = found->second;
-    if (entry.version == tensor._version() && entry.address == tensor.const_data_ptr() &&
-        (entry.cast.requires_grad() || !(tensor.requires_grad() && c10::GradMode::is_enabled()))) {
-      ++cache->hits;
-      return entry.cast;
-    }
-  }
-  at::Tensor cast = convert(tensor, dtype);
-  ++cache->casts;
-  if (!c10::InferenceMode::is_enabled()) {
-    CacheEntry fresh{tensor, tensor._version(), tensor.const_data_ptr(), cast};
-    auto slot = cache->entries->find(key);  // looked up again: the copy above let other threads run
-    if (slot == cache->entries->end()) {
-      cache->entries->emplace(key, std::move(fresh));
-    } else {
-      std::swap(slot->second, fresh);  // the old entry dies with `fresh`: NOTE [no tensor dies inside the map]
-    }
-  }
-  return cast;
-}
 
 PyTypeObject CastCacheType = [] {
   PyTypeObject type{PyVarObject_HEAD_INIT(nullptr, 0)};

@@ -12,7 +12,6 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
-#include <unordered_map>
 
 namespace apexlite {
 namespace o1 {
@@ -20,28 +19,12 @@ namespace o1 {
 // Policy codes shared with apexlite/amp/o1/native_casts.py.
 enum Policy : int { kLowPrecision = 0, kFloat = 1, kPromote = 2, kSequencePromote = 3 };
 
-struct CacheKey {
-  const c10::TensorImpl* impl;
-  at::ScalarType dtype;
-  bool operator==(const CacheKey& other) const { return impl == other.impl && dtype == other.dtype; }
-};
-
-struct CacheKeyHash {
-  size_t operator()(const CacheKey& key) const {
-    return std::hash<const void*>()(key.impl) ^ (static_cast<size_t>(key.dtype) * 0x9E3779B97F4A7C15ull);
-  }
-};
-
-struct CacheEntry {
-  at::Tensor source;   // keeps the weight alive while its cast is cached (as the Python cache does)
-  int64_t version;     // source's autograd version counter at the cast
-  const void* address; // source's data pointer at the cast
-  at::Tensor cast;
-};
+// The cache's table (entries and registered weights); defined in o1_cast_cache.cpp.
+struct CacheTable;
 
 struct CastCacheObject {
   PyObject_HEAD
-  std::unordered_map<CacheKey, CacheEntry, CacheKeyHash>* entries;
+  CacheTable* table;
   int64_t casts;  // weight casts performed since reset_counters()
   int64_t hits;
 };

@@ -132,6 +132,9 @@ def test_wrap_optimizer_two_losses_each_scaled_and_a_skip_on_any_overflow(amp):
 def test_cache_controls(amp):
     handle = amp.init(enabled=True)
     layer = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    with handle.scale_loss(layer(torch.randn(2, 4)).float().sum(), opt) as scaled:
+        scaled.backward()  # registers the optimizer: its params' casts are held between calls
     layer(torch.randn(2, 4))
     assert handle.has_cache and layer.weight in handle.cache
     handle.remove_cache(layer.weight)

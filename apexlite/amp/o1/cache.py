@@ -1,27 +1,55 @@
-"""CastCache: each weight is cast once per iteration and never served stale.
+"""CastCache: each weight is cast once per iteration, never served stale, never kept alive by the cache.
 
-NOTE [cast cache invalidation]
-- Keys are weights: leaf tensors that are Parameters or require grad. Activations are never cached.
-- An entry remembers the source's autograd version counter (`_version`) and data pointer. Any
-  in-place update of the weight (optimizer step, `p.add_`, `p.copy_`) bumps the counter, and
-  `p.data = w` moves the data pointer, so the entry is a miss and the weight is cast afresh.
-- Writes through `p.data.copy_(w)` (EMA/SWA swaps, loading helpers, clipping outside the optimizer)
-  change neither. They are covered by the cache's lifetime: it is cleared when the outermost forward
-  of a model passed to `initialize` returns (so a weight used several times in one forward is still
-  cast once), at every iteration boundary (the end of `scale_loss`) and after every optimizer step.
-- A cast made under `no_grad` carries no autograd history. It is served again only while grad mode
-  is off; a grad-enabled forward that needs the weight's gradient recasts and replaces it.
-- Nothing is cached under `inference_mode` (inference tensors cannot enter a later autograd graph).
-- Each weight has at most one entry, so an eval-only loop that never reaches `scale_loss` holds at
-  most one low-precision copy per weight: the cache is bounded by the model size.
+NOTE [what the cache takes]
+A tensor is cached only when all of these hold (apexlite._C.CastCache applies the same rules):
+- it is a weight: a leaf of type exactly `torch.Tensor` that requires grad, or of type exactly
+  `torch.nn.Parameter` (frozen ones too). Activations, inputs that need no grad and subclasses
+  (Parameter subclasses included: their conversions may be their own) are converted on every call;
+- it can be validated: strided, with real storage, not meta, not an inference tensor (those have no
+  version counter), not wrapped by torch.func (grad, vmap, jacrev) or by functionalization;
+- nothing traces it: no TorchDispatchMode is active (FakeTensorMode, make_fx, a user's mode) and
+  torch.compile is not tracing (the graph holds its own casts).
+Nothing is stored under `inference_mode` (such a cast cannot enter a later autograd graph).
+
+NOTE [cast cache validity]
+An entry is served only for the exact tensor it was cast from: the same tensor object, storage (by
+identity, not address), storage offset, shape, strides and dtype (the storage fixes the device), and
+the same autograd version counter. Every stamp is read BEFORE the cast, so an in-place update that
+races the cast (another thread's step, Hogwild workers) bumps the version past the stamp: the entry
+can only miss. So an optimizer step or `p.add_` (version), `p.data = w` (storage), `w.data =
+w.data.t()` or `.view(...)` (shape or strides, same storage and version) all make the next use cast
+afresh. Writes through `p.data.copy_(w)` (EMA/SWA swaps, loading helpers, clipping outside the
+optimizer) change none of these; they are covered by the cache's lifetime below. A cast made under
+`no_grad` carries no autograd history: it is served again only while grad mode is off.
+
+NOTE [cast cache lifetime]
+The cache is cleared when the outermost forward of a model passed to `initialize` returns (so a
+weight used several times in one forward is cast once), at every iteration boundary (the end of
+`scale_loss`), after every optimizer step and when the session closes. Between those points:
+- the casts of registered weights (`own`: the parameters of the models and optimizers registered
+  with the session, taken whenever one is registered) are held strongly, at most one cast per weight
+  and dtype. The session holds those weights anyway, so the cache adds at most one low-precision
+  copy of each (an eval loop that never reaches `scale_loss` holds at most the registered models'
+  size in low precision);
+- every other tensor (fresh leaves that require grad, weights of models never passed to `initialize`)
+  is referred to weakly, and so is its cast: the entry serves the cast only while something else keeps
+  it (the autograd graph that saved it) and vanishes with either; a cast without autograd history of
+  such a tensor is not stored at all, since nothing would keep it. So the cache never extends a
+  tensor's life, and a loop that makes fresh leaves holds nothing: dead entries are pruned whenever
+  the table has doubled since the last pruning, and `len()` counts live entries only.
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple
+import weakref
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from apexlite.amp.o1.policies import CONVERTERS
+
+_TENSOR = torch.Tensor
+_PARAMETER = torch.nn.Parameter
+_MIN_PRUNE_SIZE = 64
 
 
 def _compile_flag():
@@ -34,61 +62,127 @@ def _compile_flag():
 
 
 tracing = _compile_flag()
+_dispatch_modes: Callable[[], int] = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_functorch_wrapped: Callable[[torch.Tensor], bool] = getattr(
+    getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda tensor: False)
+_functional: Callable[[torch.Tensor], bool] = getattr(torch, "_is_functional_tensor", lambda tensor: False)
+
+# (id(weight), target dtype): the weight's identity is checked through the entry's weakref
+_Key = Tuple[int, torch.dtype]
+# An entry: (weakref to the weight, then _stamps(weight), then the cast when held strongly or None, then
+# a weakref to the cast when held weakly or None). Plain tuples: the hit path unpacks one per call.
+_Entry = tuple
+
+
+def _stamps(tensor: torch.Tensor) -> Optional[tuple]:
+    """(storage ref, version, offset, shape, strides, dtype) of a weight, or None when it cannot be
+    validated (NOTE [what the cache takes]). Read before the cast."""
+    if (tensor.layout is not torch.strided or tensor.is_meta or tensor.is_inference()
+            or _functorch_wrapped(tensor) or _functional(tensor)):
+        return None
+    try:
+        storage = tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # a tensor without real storage
+        return None
+    return (weakref.ref(storage), tensor._version, tensor.storage_offset(), tensor.shape, tensor.stride(),
+            tensor.dtype)
 
 
 class CastCache:
     """Per-session cache of weight casts, keyed by weight identity and target dtype."""
 
     def __init__(self) -> None:
-        # (id(weight), dtype) -> (weight, its _version and data_ptr() at the cast, the cast)
-        self._entries: Dict[Tuple[int, torch.dtype], Tuple[torch.Tensor, int, int, torch.Tensor]] = {}
+        self._entries: Dict[_Key, _Entry] = {}
+        self._owned: Dict[int, weakref.ref] = {}  # id(weight) -> weakref: registered weights (held strongly)
+        self._prune_at = _MIN_PRUNE_SIZE
         self.casts = 0  # weight casts actually performed since the last `reset_counters`
         self.hits = 0
 
     def cast(self, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """`tensor` converted to `dtype`; weights are served from the cache while the cached copy is valid.
-
-        Weights are leaves that require grad or are Parameters (`type(...) is not torch.Tensor` spares
-        plain tensors Parameter's Python-level isinstance check: this runs on every patched call).
-        """
-        if not (tensor.is_leaf and (tensor.requires_grad or (
-                type(tensor) is not torch.Tensor and isinstance(tensor, torch.nn.Parameter)))) or tracing():
-            # activations are never cached; nor is anything while torch.compile traces (the graph
-            # holds its own casts, and traced tensors have no data pointer to validate an entry with)
+        """`tensor` converted to `dtype`; weights are served from the cache while the cached copy is valid."""
+        cls = type(tensor)
+        if (not ((cls is _TENSOR or cls is _PARAMETER) and tensor.is_leaf and (tensor.requires_grad or cls is _PARAMETER))
+                or tracing() or _dispatch_modes()):
             return CONVERTERS[dtype](tensor)
         key = (id(tensor), dtype)
         entry = self._entries.get(key)
         if entry is not None:
-            source, version, address, cast = entry
-            if (source is tensor and version == tensor._version and address == tensor.data_ptr()
-                    and (cast.requires_grad or not (tensor.requires_grad and torch.is_grad_enabled()))):
-                self.hits += 1
-                return cast
+            source, storage, version, offset, shape, stride, source_dtype, cast, cast_ref = entry
+            if (source() is tensor and storage() is tensor.untyped_storage() and version == tensor._version
+                    and offset == tensor.storage_offset() and shape == tensor.shape and stride == tensor.stride()
+                    and source_dtype is tensor.dtype):
+                if cast is None:
+                    cast = cast_ref()
+                if cast is not None and (cast.requires_grad or not (tensor.requires_grad and torch.is_grad_enabled())):
+                    self.hits += 1
+                    return cast
+        stamps = _stamps(tensor)
         cast = CONVERTERS[dtype](tensor)
+        if stamps is None or torch.is_inference_mode_enabled():
+            self._entries.pop(key, None)
+            if stamps is not None:
+                self.casts += 1
+            return cast
         self.casts += 1
-        if not torch.is_inference_mode_enabled():
-            self._entries[key] = (tensor, tensor._version, tensor.data_ptr(), cast)
+        if self.owns(tensor):
+            self._store(key, (weakref.ref(tensor),) + stamps + (cast, None))
+        elif cast.requires_grad:  # held weakly: served while the autograd graph keeps the cast
+            self._store(key, (weakref.ref(tensor),) + stamps + (None, weakref.ref(cast)))
+        else:  # nothing but this cache would keep the cast of a tensor it does not own
+            self._entries.pop(key, None)
         return cast
+
+    def _store(self, key: _Key, entry: _Entry) -> None:
+        self._entries[key] = entry
+        if len(self._entries) >= self._prune_at:
+            self._prune()
+            self._prune_at = max(2 * len(self._entries), _MIN_PRUNE_SIZE)
+
+    def _prune(self) -> None:
+        """Drop entries whose source or (weakly held) cast has died."""
+        for key, entry in list(self._entries.items()):
+            if not _live(entry) and self._entries.get(key) is entry:
+                del self._entries[key]
+
+    def own(self, weights: Iterable[torch.Tensor]) -> None:
+        """Registered weights: their casts are held strongly (NOTE [cast cache lifetime]); replaces the set."""
+        self._owned = {id(weight): weakref.ref(weight) for weight in weights}
+
+    def owns(self, tensor: torch.Tensor) -> bool:
+        ref = self._owned.get(id(tensor))
+        return ref is not None and ref() is tensor
 
     def remove(self, weight: torch.Tensor) -> None:
         """Forget every cast of `weight` (the handle API's `remove_cache`)."""
-        for key in [key for key, entry in self._entries.items() if entry[0] is weight]:
-            del self._entries[key]
+        for key, entry in list(self._entries.items()):
+            if entry[0]() is weight and self._entries.get(key) is entry:
+                del self._entries[key]
 
-    def entries(self) -> list:
-        """[(weight, version, data pointer, cast), ...] (for inspection and tests)."""
-        return list(self._entries.values())
+    def entries(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """[(weight, cast), ...] of the live entries (for inspection and tests)."""
+        live = []
+        for entry in list(self._entries.values()):
+            source, cast = entry[0](), entry[7] if entry[7] is not None else entry[8]()
+            if source is not None and cast is not None:
+                live.append((source, cast))
+        return live
 
     def __contains__(self, weight: object) -> bool:
-        return any(entry[0] is weight for entry in self._entries.values())
+        return any(source is weight for source, _ in self.entries())
 
     def clear(self) -> None:
         """Drop every entry (iteration boundary)."""
         self._entries.clear()
+        self._prune_at = _MIN_PRUNE_SIZE
 
     def reset_counters(self) -> None:
         self.casts = 0
         self.hits = 0
 
     def __len__(self) -> int:
+        self._prune()
         return len(self._entries)
+
+
+def _live(entry: _Entry) -> bool:
+    return entry[0]() is not None and (entry[7] is not None or entry[8]() is not None)

@@ -6,14 +6,20 @@ every thread). Turning casts off for a block (`amp.disable_casts()`, the optimiz
 switch, a handle's `_disable_casts()`) is a per-thread depth counter, as torch.autocast's state is
 thread-local: a block in one thread never changes what another thread computes, overlapping blocks
 in two threads each restore exactly, and a new thread starts with casts on.
+
+A block is left on the thread that entered it (CastsOffBlock): leaving it on another thread is a clear
+error that changes no thread's state, and the entering thread can still leave it. Both cast paths
+raise the same errors; leaving more blocks than were entered is one too.
 """
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator
+from typing import Any, Optional
 
 import torch
+
+UNMATCHED_POP_MESSAGE = "CastState.pop_disabled() without a matching push_disabled() in this thread"
 
 
 class _ThreadSwitches(threading.local):
@@ -34,14 +40,47 @@ class CastSwitches:
         self.log_casts = log_casts
         self.allow_banned = allow_banned
 
-    @contextlib.contextmanager
-    def disabled(self) -> Iterator[None]:
-        """Casts off for the current thread inside the block (nesting-safe, exception-safe)."""
-        self.push_disabled()
-        try:
-            yield
-        finally:
-            self.pop_disabled()
+    def disabled(self) -> "CastsOffBlock":
+        """Casts off for the current thread inside the block (nesting-safe, exception-safe, thread-tied)."""
+        return CastsOffBlock(self)
+
+
+class CastsOffBlock(contextlib.ContextDecorator):
+    """One `with` block of casts off, left on the thread that entered it.
+
+    Every check runs before the thread's casts-off depth changes, so a refused exit (wrong thread,
+    never entered) or a second entry changes nothing. Used as a decorator, each call gets a fresh block.
+    """
+
+    def __init__(self, switches: CastSwitches) -> None:
+        self._switches = switches
+        self._thread: Optional[threading.Thread] = None
+
+    def _recreate_cm(self) -> "CastsOffBlock":
+        return CastsOffBlock(self._switches)
+
+    def __enter__(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError(
+                f"this casts-off block is already entered (by thread {self._thread.name!r}); "
+                "use a new block for each `with` (e.g. call amp.disable_casts() again)."
+            )
+        self._thread = threading.current_thread()
+        self._switches.push_disabled()
+
+    def __exit__(self, *exc_info: Any) -> bool:
+        here = threading.current_thread()
+        if self._thread is None:
+            raise RuntimeError("this casts-off block is left without having been entered.")
+        if self._thread is not here:
+            raise RuntimeError(
+                f"a casts-off block (amp.disable_casts()) was left on another thread ({here.name!r}) than the "
+                f"thread that entered it ({self._thread.name!r}). Casts-off blocks are per thread: nothing "
+                "changed; leave the block on the thread that entered it."
+            )
+        self._switches.pop_disabled()
+        self._thread = None
+        return False
 
 
 class CastState(CastSwitches):
@@ -61,4 +100,7 @@ class CastState(CastSwitches):
         self.thread.disabled_depth += 1
 
     def pop_disabled(self) -> None:
-        self.thread.disabled_depth -= 1
+        depth = self.thread.disabled_depth
+        if depth <= 0:
+            raise RuntimeError(UNMATCHED_POP_MESSAGE)
+        self.thread.disabled_depth = depth - 1

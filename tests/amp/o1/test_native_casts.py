@@ -51,6 +51,12 @@ def test_native_types_reject_misuse_with_clear_errors():
         state.pop_disabled()
     with pytest.raises(TypeError, match="low_dtype"):
         state.low_dtype = "fp16"
+    cache = compiled.CastCache()
+    with pytest.raises(TypeError, match="takes tensors; got int"):
+        cache.own([torch.zeros(1), 1])
+    with pytest.raises(TypeError):
+        cache.own(3)
+    assert not cache.owns(object())
     wrapper = compiled.CastWrapper(0, state, len, "len")
     with pytest.raises(TypeError, match="wrapper\\(wrapped, instance, args, kwargs\\)"):
         wrapper(1, 2)

@@ -4,12 +4,14 @@
 served the old fp16 copy on the next forward. Every case compares the O1 output with the same ops
 applied by hand to the weights' *current* values (exact for bf16: one rounding either way).
 """
+import contextlib
 import copy
 
 import pytest
 import torch
 
 from apexlite import amp
+from apexlite.amp.session import current_session
 
 pytestmark = pytest.mark.usefixtures("cast_path")  # native and pure-Python O1 casts
 
@@ -100,3 +102,145 @@ def test_functional_use_without_a_model_scope_is_fresh_after_a_version_or_pointe
     expected = torch.nn.functional.linear(x.to(DTYPE), layer.weight.detach().to(DTYPE), layer.bias.detach().to(DTYPE))
     assert not torch.equal(first, second)
     assert torch.equal(second.detach(), expected)
+
+
+# --- issue 18, item 3: an entry is valid only for the exact tensor it was cast from -----------------------
+
+def _fresh(weight, x):
+    """F.linear(x, weight) as O1 must compute it from the weight's current values."""
+    return torch.nn.functional.linear(x.to(DTYPE), weight.detach().to(DTYPE))
+
+
+def _rebind_transpose(weight):
+    weight.data = weight.data.t()  # same storage, offset and version; strides swap
+
+
+def _rebind_view(weight):
+    weight.data = weight.data.view(4, 16)  # same storage, new shape (plain torch takes 16 input features now)
+
+
+REBINDINGS = {"transpose": _rebind_transpose, "view": _rebind_view}
+
+
+@pytest.mark.parametrize("rebind", REBINDINGS.values(), ids=list(REBINDINGS))
+def test_data_rebound_to_a_view_of_the_same_storage_is_cast_afresh(rebind):
+    """`w.data = w.data.t()` / `.reshape(...)` keep the data pointer and the version counter."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 8, bias=False)  # square: the transpose keeps the shape, only values move
+    amp.initialize(layer, opt_level="O1", dtype=DTYPE, verbosity=0)
+    try:
+        weight = layer.weight
+        x = torch.randn(3, 8)
+        # functional calls outside the model's forward: the cache keeps the first cast between them
+        assert torch.nn.functional.linear(x, weight).dtype is DTYPE
+        rebind(weight)
+        x = torch.randn(3, weight.shape[1])
+        assert torch.equal(torch.nn.functional.linear(x, weight).detach(), _fresh(weight, x))
+    finally:
+        amp.deinitialize()
+
+
+def test_data_rebound_to_another_offset_of_one_storage_is_cast_afresh(o1_pair):
+    model, _, _ = o1_pair
+    weight = model[0].weight
+    base = torch.randn(2, *weight.shape)
+    weight.data = base[0]
+    x = torch.randn(3, weight.shape[1])
+    torch.nn.functional.linear(x, weight)
+    weight.data = base[1]  # same storage, shape and strides; offset differs
+    assert torch.equal(torch.nn.functional.linear(x, weight).detach(), _fresh(weight, x))
+
+
+def test_data_rebound_to_another_storage_at_the_same_address_is_cast_afresh(o1_pair):
+    """Two storages over one buffer: same data pointer, shape, strides and version, other storage."""
+    model, _, _ = o1_pair
+    weight = model[0].weight
+    buffer = bytearray(weight.numel() * 4)
+    first = torch.frombuffer(buffer, dtype=torch.float32).view(weight.shape)
+    first.copy_(weight.data)
+    weight.data = first
+    x = torch.randn(3, weight.shape[1])
+    torch.nn.functional.linear(x, weight)
+    second = torch.frombuffer(buffer, dtype=torch.float32).view(weight.shape)
+    second.mul_(-2.0)  # written through the other storage: `weight`'s version does not move
+    weight.data = second
+    assert weight.data_ptr() == first.data_ptr()
+    assert torch.equal(torch.nn.functional.linear(x, weight).detach(), _fresh(weight, x))
+
+
+@contextlib.contextmanager
+def updated_during_its_cast(weight):
+    """Inside the block the CPU cast kernel is overridden: the first time it casts `weight`, the weight is
+    updated in place (as another thread's optimizer or averaging step would) after its values were read."""
+    if not hasattr(torch.autograd.graph, "increment_version"):
+        pytest.skip("needs torch.autograd.graph.increment_version")
+    pending = [weight]
+
+    def racing_to_copy(tensor, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+                       memory_format=None):
+        if not isinstance(tensor, torch.Tensor):  # a wrapped Python number
+            return torch.scalar_tensor(tensor, dtype=dtype)
+        out = torch.empty_strided(tensor.size(), tensor.stride(), dtype=dtype if dtype is not None else tensor.dtype)
+        out.copy_(tensor)
+        if pending and tensor.data_ptr() == pending[0].data_ptr():
+            pending.clear()
+            tensor.add_(torch.ones_like(tensor))  # below autograd: the version is bumped by hand
+            torch.autograd.graph.increment_version(tensor)
+        return out
+
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("_to_copy", racing_to_copy, "CPU")
+    try:
+        yield
+    finally:
+        library._destroy()
+    assert not pending, "the weight was never cast inside the block"
+
+
+@pytest.mark.parametrize("grad_mode", ["no_grad", "grad"])
+def test_an_update_during_the_cast_makes_the_entry_miss(o1_pair, grad_mode):
+    model, _, _ = o1_pair
+    weight = model[0].weight
+    x = torch.randn(3, weight.shape[1])
+    context = torch.no_grad if grad_mode == "no_grad" else torch.enable_grad
+    with context():
+        version = weight._version
+        with updated_during_its_cast(weight):
+            torch.nn.functional.linear(x, weight)  # cast from the old values; the weight changes meanwhile
+        assert weight._version == version + 1
+        after = torch.nn.functional.linear(x, weight)
+    assert torch.equal(after.detach(), _fresh(weight, x))
+
+
+def test_concurrent_in_place_updates_never_leave_a_stale_entry_valid(cast_path):
+    """A Hogwild-style writer thread updates a weight in place while the main thread casts it. Once the
+    writer is done, the cache must serve the weight's final values in every trial."""
+    import threading
+
+    model = torch.nn.Linear(512, 512, bias=False)  # large enough that casts and updates overlap
+    amp.initialize(model, opt_level="O1", dtype=DTYPE, verbosity=0)
+    try:
+        cache = current_session().cache
+        weight = model.weight
+        stale = 0
+        for trial in range(12):
+            done = threading.Event()
+
+            def writer():
+                with torch.no_grad():
+                    for step in range(20):
+                        weight.mul_(-1.0).add_(0.5)
+                done.set()
+
+            thread = threading.Thread(target=writer)
+            thread.start()
+            with torch.no_grad():
+                while not done.is_set():
+                    cache.cast(weight, DTYPE)
+            thread.join()
+            with torch.no_grad():
+                served = cache.cast(weight, DTYPE)
+            stale += not torch.equal(served, weight.detach().to(DTYPE))
+        assert stale == 0
+    finally:
+        amp.deinitialize()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from apexlite import amp
+from apexlite.amp.session import current_session
 
 pytestmark = pytest.mark.usefixtures("cast_path")  # native and pure-Python O1 casts
 
@@ -177,5 +178,88 @@ def test_data_parallel_style_concurrent_forwards_equal_sequential_ones():
             thread.join()
         for got, expected in zip(outputs, sequential):
             assert got.dtype is DTYPE and torch.equal(got, expected)
+    finally:
+        amp.deinitialize()
+
+
+def _capture(fn):
+    """What `fn` raised (None if it returned)."""
+    try:
+        fn()
+    except BaseException as error:  # returned to the caller to inspect
+        return error
+    return None
+
+
+def _casts_off_blocks():
+    """Every way a casts-off block is entered: the public one, the handle's and the session's own."""
+    return {
+        "amp.disable_casts": lambda: amp.disable_casts(),
+        "handle._disable_casts": lambda: amp._amp_state.handle._disable_casts(),
+        "session.casts_disabled": lambda: current_session().casts_disabled(),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_casts_off_blocks()))
+def test_a_casts_off_block_exited_on_another_thread_is_an_error_that_changes_no_thread(kind):
+    model, _ = o1_linear()
+    try:
+        x = torch.randn(2, 8)
+        block = _casts_off_blocks()[kind]()
+        block.__enter__()
+        assert model(x).dtype is torch.float32
+
+        def exit_here():
+            error = _capture(lambda: block.__exit__(None, None, None))
+            return error, model(x).dtype, current_session().cast_state.enabled
+
+        error, dtype_there, enabled_there = run_in_thread(exit_here)
+        assert isinstance(error, RuntimeError)
+        assert "another thread" in str(error) and "thread that entered it" in str(error)
+        assert dtype_there is DTYPE and enabled_there  # the other thread's casts are untouched
+        assert run_in_thread(lambda: model(x).dtype) is DTYPE
+        assert model(x).dtype is torch.float32  # the entering thread is still inside its block...
+        block.__exit__(None, None, None)  # ...which it can still leave
+        assert model(x).dtype is DTYPE
+        assert current_session().cast_state.enabled
+    finally:
+        amp.deinitialize()
+
+
+def test_leaving_more_casts_off_blocks_than_were_entered_is_an_error_that_changes_nothing():
+    model, _ = o1_linear()
+    try:
+        state = current_session().cast_state
+        with pytest.raises(RuntimeError, match="without a matching push_disabled"):
+            state.pop_disabled()
+        assert state.enabled and state.thread.disabled_depth == 0
+        assert model(torch.randn(2, 8)).dtype is DTYPE
+    finally:
+        amp.deinitialize()
+
+
+def test_a_casts_off_block_cannot_be_entered_twice_at_once():
+    model, _ = o1_linear()
+    try:
+        block = amp.disable_casts()
+        with block:
+            with pytest.raises(RuntimeError, match="already entered"):
+                block.__enter__()
+            assert model(torch.randn(2, 8)).dtype is torch.float32
+        assert model(torch.randn(2, 8)).dtype is DTYPE
+    finally:
+        amp.deinitialize()
+
+
+def test_disable_casts_still_decorates_functions():
+    model, _ = o1_linear()
+    try:
+        @amp.disable_casts()
+        def protected(x):
+            return model(x).dtype
+
+        x = torch.randn(2, 8)
+        assert protected(x) is torch.float32 and protected(x) is torch.float32
+        assert model(x).dtype is DTYPE
     finally:
         amp.deinitialize()

@@ -11,6 +11,7 @@ COMMANDS = {
     "sweep": ("apexlite.sweep", "run a script once per opt level / dtype and compare the runs"),
     "check": ("apexlite.check", "list the apex APIs a script uses and their status in apexlite"),
     "doctor": ("apexlite.doctor", "report torch/CUDA versions and which FusedAdam path is active"),
+    "migrate": ("apexlite.migrate.cli", "rewrite a legacy apex.amp script into native torch.amp (needs apexlite[migrate])"),
 }
 
 

@@ -52,8 +52,10 @@ def plan_amp(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSe
     if setup is None:
         if not child.todos:
             for use in amp_uses:
-                child.todo(use.node, "amp.initialize is not in this file, so migrate cannot tell what this amp call "
-                                     "becomes; migrate the file that calls amp.initialize, or keep apexlite's amp")
+                hint = NATIVE_HINTS.get(use.api)
+                child.todo(use.node, f"`{child.analysis.code(use.node)}` has no certain torch rewrite: {hint}" if hint
+                           else "amp.initialize is not in this file, so migrate cannot tell what this amp call "
+                                "becomes; migrate the file that calls amp.initialize, or keep apexlite's amp")
     elif setup.recipe == KEEP:
         _plan_keep(child, setup, amp_uses)
     else:
@@ -122,7 +124,7 @@ def _plan_initialize_statement(plan: Plan, setup: AmpSetup, planner: ScaleLossPl
         cast = "half()" if setup.dtype == "float16" else "to(torch.bfloat16)"
         for model in setup.models:
             lines.append(f"{model}.{cast}")
-            lines.append(f"{model}.register_forward_pre_hook(lambda module, args: tuple(a.{cast} if "
+            lines.append(f"{model}.register_forward_pre_hook(\n    lambda module, args: tuple(a.{cast} if "
                          "torch.is_tensor(a) and a.is_floating_point() else a for a in args))")
     enabled = f", enabled={setup.enabled}" if setup.enabled else ""
     static = "" if setup.loss_scale == "dynamic" else f", init_scale={float(setup.loss_scale)!r}, growth_interval=2**31 - 1"

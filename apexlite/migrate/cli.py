@@ -12,9 +12,11 @@ import argparse
 import ast
 import difflib
 import importlib.util
+import io
 import os
 import sys
 import tempfile
+import tokenize
 from typing import List, TextIO, Tuple
 
 from apexlite.script_source import ScriptSourceError, read_source_bytes
@@ -86,6 +88,24 @@ def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error(f"--tolerance must be >= 0, got {args.tolerance}")
 
 
+def parse_arguments(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:
+    """migrate's own options and the script's arguments (after `--`); exits 2 on bad options."""
+    own, script_args = _split(list(argv))
+    parser = _parser()
+    args = parser.parse_args(own)
+    _check_options(parser, args)
+    if script_args and not args.verify:
+        parser.error("arguments after `--` are for the script under --verify; add --verify")
+    return args, script_args
+
+
+def migrate_options(args: argparse.Namespace):
+    """The MigrateOptions the parsed command line asks for."""
+    from apexlite.migrate.options import MigrateOptions
+
+    return MigrateOptions(opt_level=args.opt_level, loss_scale=args.loss_scale, o2=args.o2)
+
+
 def _write_atomically(path: str, data: bytes) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     handle, temporary = tempfile.mkstemp(prefix=".apexlite-migrate-", dir=directory)
@@ -112,16 +132,10 @@ def main(argv: List[str]) -> int:
     if importlib.util.find_spec("libcst") is None:
         sys.stderr.write(INSTALL_HINT + "\n")
         return 2
-    own, script_args = _split(list(argv))
-    parser = _parser()
-    args = parser.parse_args(own)
-    _check_options(parser, args)
-    if script_args and not args.verify:
-        parser.error("arguments after `--` are for the script under --verify; add --verify")
+    args, script_args = parse_arguments(argv)
     import libcst
 
     from apexlite.migrate.engine import migrate_source
-    from apexlite.migrate.options import MigrateOptions
 
     try:
         source = read_source_bytes(args.script)
@@ -132,7 +146,7 @@ def main(argv: List[str]) -> int:
     except (SyntaxError, ValueError) as error:
         sys.stderr.write(f"apexlite migrate: {args.script} is not Python source Python would run: {error}\n")
         return 2
-    options = MigrateOptions(opt_level=args.opt_level, loss_scale=args.loss_scale, o2=args.o2)
+    options = migrate_options(args)
     try:
         result = migrate_source(source, options)
     except libcst.ParserSyntaxError as error:
@@ -167,8 +181,14 @@ def main(argv: List[str]) -> int:
     return status
 
 
+def _decoded(source: bytes) -> str:
+    """Text as Python reads the source (its coding line or BOM, else UTF-8)."""
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+    return source.decode(encoding, "replace")
+
+
 def _diff(original: bytes, migrated: bytes, script: str) -> List[str]:
-    before = original.decode("utf-8", "replace").splitlines(True)
-    after = migrated.decode("utf-8", "replace").splitlines(True)
+    before = _decoded(original).splitlines(True)
+    after = _decoded(migrated).splitlines(True)
     return list(difflib.unified_diff(before, after, fromfile=f"a/{script}", tofile=f"b/{script}"))
 

@@ -194,9 +194,15 @@ class Applier(cst.CSTTransformer):
             return [updated.with_changes(body=smalls)]
         lines: List[cst.BaseStatement] = [cst.SimpleStatementLine(body=[stmt.with_changes(
             semicolon=cst.MaybeSentinel.DEFAULT)]) for stmt in smalls]
-        last = lines[-1]
-        lines[-1] = last.with_changes(trailing_whitespace=updated.trailing_whitespace)
-        lines[0] = lines[0].with_changes(leading_lines=updated.leading_lines)
+        kept = next((index for index, stmt in enumerate(smalls) if stmt is updated.body[0]), None)
+        leading = list(updated.leading_lines)
+        trailing = updated.trailing_whitespace
+        if kept is None and trailing.comment is not None:  # the statement is gone: its comment goes above
+            leading.append(comment_line(trailing.comment.value))
+            trailing = cst.TrailingWhitespace()
+        index = len(lines) - 1 if kept is None else kept
+        lines[index] = lines[index].with_changes(trailing_whitespace=trailing)
+        lines[0] = lines[0].with_changes(leading_lines=leading)
         return lines
 
     def _block(self, originals: Sequence[cst.BaseStatement],

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Optional, Set, Tuple
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from apexlite import check
 from apexlite.migrate import apis
@@ -68,6 +71,17 @@ def _compiles(source: bytes) -> Optional[str]:
     return None
 
 
+def _unbound_names(wrapper) -> Set[str]:
+    """Names the module reads without any binding (builtins are bound)."""
+    names: Set[str] = set()
+    for scope in set(wrapper.resolve(ScopeProvider).values()):
+        if scope is None:
+            continue
+        names.update(access.node.value for access in scope.accesses
+                     if not access.referents and isinstance(access.node, cst.Name))
+    return names
+
+
 def _todo_lines(code: bytes, todos: List[Todo]) -> List[int]:
     """The line of each TODO's comment in `code` (0 when it is not there: the original was kept)."""
     text = code.decode("utf-8", "replace").splitlines()
@@ -103,8 +117,12 @@ def migrate_source(source: bytes, options: MigrateOptions = MigrateOptions()) ->
     todos = sorted(plan.todos, key=lambda todo: todo.line)
     result = MigrationResult(source, migrated, todos, notes=list(plan.notes), setup=setup)
     error = _compiles(migrated) if _compiles(source) is None else None
+    if error is None and migrated != source:
+        lost = _unbound_names(MetadataWrapper(cst.parse_module(migrated))) - _unbound_names(wrapper)
+        if lost:
+            error = f"it would read {', '.join(sorted(lost))} without defining it (a migrate bug: please report it)"
     if error is not None:
-        result.migrated, result.error = source, f"the rewritten script did not compile ({error}); nothing changed"
+        result.migrated, result.error = source, f"the rewritten script is not sound ({error}); nothing changed"
     result.todo_lines = _todo_lines(result.migrated, todos)
     result.remaining = check.scan(ast.parse(result.migrated))
     return result

@@ -6,7 +6,7 @@ what the original did: `from apex import amp` disappears exactly when no amp cal
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import libcst as cst
 from libcst.metadata import ScopeProvider
@@ -22,11 +22,12 @@ def _alias_name(alias: cst.ImportAlias) -> str:
     return dotted_text(alias.name) or ""
 
 
-def _bound_name(alias: cst.ImportAlias) -> str:
-    """The name an alias binds: `x` for `... as x`, the first part of `import a.b`."""
+def _bound_names(alias: cst.ImportAlias) -> Tuple[str, ...]:
+    """The names an alias binds in libcst's scopes: `x` for `... as x`; `a`, `a.b` for `import a.b`."""
     if alias.asname is not None:
-        return alias.asname.name.value
-    return _alias_name(alias).split(".")[0]
+        return (dotted_text(alias.asname.name) or "",)
+    parts = _alias_name(alias).split(".")
+    return tuple(".".join(parts[:depth]) for depth in range(1, len(parts) + 1))
 
 
 class ImportPlanner:
@@ -38,12 +39,13 @@ class ImportPlanner:
         self.keep_amp = keep_amp
         self.star_used = {use.bound.rsplit(".", 1)[0] for use in analysis.uses if use.star}
 
-    def _used(self, node: ImportNode, name: str) -> bool:
+    def _used(self, node: ImportNode, alias: cst.ImportAlias) -> bool:
+        """Whether anything reads a name this alias of `node` binds."""
         scope = self.analysis.get_metadata(ScopeProvider, node, None)
         if scope is None:
             return True
-        assignments = [a for a in scope.assignments[name] if getattr(a, "node", None) is node]
-        return any(assignment.references for assignment in assignments)
+        return any(assignment.references for name in _bound_names(alias) for assignment in scope.assignments[name]
+                   if getattr(assignment, "node", None) is node)
 
     def _module(self, node: cst.ImportFrom) -> Optional[str]:
         if node.relative or node.module is None:
@@ -58,7 +60,7 @@ class ImportPlanner:
             if not apis.is_apex_name(name):
                 kept.append(alias)
                 continue
-            if not self._used(node, _bound_name(alias)):
+            if not self._used(node, alias):
                 changed = True
                 continue
             if self.keep_amp and name == apis.AMP_MODULE and alias.asname is not None:
@@ -84,7 +86,7 @@ class ImportPlanner:
         for alias in node.names:
             name = f"{module}.{_alias_name(alias)}"
             text = self.analysis.code(alias.with_changes(comma=cst.MaybeSentinel.DEFAULT))
-            if not self._used(node, _bound_name(alias)):
+            if not self._used(node, alias):
                 changed = True
             elif self.keep_amp and name == apis.AMP_MODULE:
                 moved.append(f"from apexlite import {text}")

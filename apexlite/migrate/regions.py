@@ -80,14 +80,18 @@ class RegionFinder:
         end = body.index(loss_statement)
         depends = self.analysis.loaded_names(loss_statement)
         starts = [end] if self._runs_model(loss_statement) else []
+        after_earlier_backward = False
         for index in range(end - 1, -1, -1):
             statement = body[index]
             if self._is_marker(statement):
+                after_earlier_backward = True
                 break
             if self.analysis.assigned_names(statement) & depends:
                 depends |= self.analysis.loaded_names(statement)
                 if self._runs_model(statement):
                     starts.append(index)
+        if not starts and after_earlier_backward:
+            starts = [end]  # a second loss from the same forward pass (run under an earlier region)
         if not starts:
             self.plan.todo(scaled, f"no forward pass of {', '.join(sorted(self.models))} found where this loss is "
                                    "computed; put the forward pass and the loss under torch.autocast yourself")

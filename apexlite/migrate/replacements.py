@@ -28,7 +28,7 @@ class Rule:
     params: Tuple[Tuple[str, Any], ...]  # apex's parameters in order, with apex's defaults
     positional: int = 1  # leading parameters passed positionally
     rename: Dict[str, str] = field(default_factory=dict)  # apex name -> torch name (others keep theirs)
-    drop: Tuple[str, ...] = ()  # no effect on the numbers in torch (tuning of apex's kernels)
+    drop: Dict[str, str] = field(default_factory=dict)  # param -> why torch needs no counterpart
     no_equivalent: Dict[str, str] = field(default_factory=dict)  # param -> why, when not at apex's default
     write_defaults: Tuple[str, ...] = ()  # params whose apex default torch does not share: always written
     fused: bool = False  # torch.optim: add fused=True where valid (CUDA and a torch that takes it)
@@ -50,6 +50,8 @@ def _adam_target(values: Dict[str, Any]) -> Optional[str]:
 
 _DDP_TUNING = ("message_size", "delay_allreduce", "allreduce_trigger_params", "retain_allreduce_buffers",
                "num_allreduce_streams", "allreduce_communicators", "prof")
+_SET_GRAD_NONE = "optimizer.zero_grad() sets gradients to None unless called with set_to_none=False"
+_MEMORY_EFFICIENT = "it only traded memory for recomputation inside apex's kernel"
 _NORM_PARAMS = (("normalized_shape", REQUIRED), ("eps", 1e-5), ("elementwise_affine", True),
                 ("memory_efficient", False))
 
@@ -59,7 +61,7 @@ RULES: Dict[str, Rule] = {
         (("params", REQUIRED), ("lr", 1e-3), ("bias_correction", True), ("betas", (0.9, 0.999)), ("eps", 1e-8),
          ("adam_w_mode", True), ("weight_decay", 0.0), ("amsgrad", False), ("set_grad_none", True),
          ("capturable", False), ("master_weights", False)),
-        drop=("adam_w_mode", "set_grad_none"),
+        drop={"adam_w_mode": "it chose AdamW (True) or Adam (False)", "set_grad_none": _SET_GRAD_NONE},
         no_equivalent={"bias_correction": "torch's Adam/AdamW always correct the moments' bias",
                        "amsgrad": "apex's FusedAdam refused amsgrad=True (the original raised)",
                        "capturable": "use torch.optim.AdamW(capturable=True) with CUDA graphs yourself",
@@ -70,21 +72,22 @@ RULES: Dict[str, Rule] = {
         (("params", REQUIRED), ("lr", REQUIRED), ("momentum", 0), ("dampening", 0), ("weight_decay", 0),
          ("nesterov", False), ("wd_after_momentum", False), ("materialize_master_grads", True),
          ("set_grad_none", False)),
-        drop=("materialize_master_grads", "set_grad_none"),
+        drop={"materialize_master_grads": "it only shaped apex's O2 master gradients",
+              "set_grad_none": _SET_GRAD_NONE},
         no_equivalent={"wd_after_momentum": "torch's SGD adds weight decay before momentum"}, fused=True),
     "apex.optimizers.fused_adagrad.FusedAdagrad": Rule(
         "torch.optim.Adagrad",
         (("params", REQUIRED), ("lr", 1e-2), ("eps", 1e-10), ("weight_decay", 0.0), ("set_grad_none", True),
          ("adagrad_w_mode", False)),
-        drop=("set_grad_none",),
-        no_equivalent={"adagrad_w_mode": "torch's Adagrad has only L2 weight decay"}, fused=True),
+        drop={"set_grad_none": _SET_GRAD_NONE},
+        no_equivalent={"adagrad_w_mode": "torch's Adagrad has only L2 weight decay"}),  # fused on CUDA: new in torch
     "apex.parallel.distributed.DistributedDataParallel": Rule(
         "torch.nn.parallel.DistributedDataParallel",
         (("module", REQUIRED), ("message_size", 10000000), ("delay_allreduce", False), ("shared_param", None),
          ("allreduce_trigger_params", None), ("retain_allreduce_buffers", False), ("allreduce_always_fp32", False),
          ("num_allreduce_streams", 1), ("allreduce_communicators", None), ("gradient_average", True),
          ("gradient_predivide_factor", 1.0), ("gradient_average_split_factor", None), ("prof", False)),
-        drop=_DDP_TUNING,
+        drop={name: "it only tuned how apex's DDP overlapped communication" for name in _DDP_TUNING},
         no_equivalent={"shared_param": "apex had already retired it",
                        "allreduce_always_fp32": "register a DDP comm hook that all-reduces in fp32",
                        "gradient_average": "torch's DDP always averages; register a comm hook to sum",
@@ -102,9 +105,9 @@ RULES: Dict[str, Rule] = {
         (("module", REQUIRED), ("process_group", None), ("channel_last", False)),
         no_equivalent={"channel_last": "use torch.channels_last tensors with torch.nn.SyncBatchNorm"}),
     "apex.normalization.fused_layer_norm.FusedLayerNorm": Rule(
-        "torch.nn.LayerNorm", _NORM_PARAMS, drop=("memory_efficient",)),
+        "torch.nn.LayerNorm", _NORM_PARAMS, drop={"memory_efficient": _MEMORY_EFFICIENT}),
     "apex.normalization.fused_layer_norm.FusedRMSNorm": Rule(
-        "torch.nn.RMSNorm", _NORM_PARAMS, drop=("memory_efficient",), write_defaults=("eps",)),
+        "torch.nn.RMSNorm", _NORM_PARAMS, drop={"memory_efficient": _MEMORY_EFFICIENT}, write_defaults=("eps",)),
     "apex.fp16_utils.fp16util.clip_grad_norm": Rule(
         "torch.nn.utils.clip_grad_norm_", (("parameters", REQUIRED), ("max_norm", REQUIRED), ("norm_type", 2.0)),
         positional=2),
@@ -138,8 +141,9 @@ def _apply(plan: Plan, rule: Rule, call: cst.Call, device: str) -> None:
     values = {name: literal(analysis, bound.value(name)) for name in bound.arguments}
     for name, why in rule.no_equivalent.items():
         if name in values and values[name] != rule.default(name):
-            chosen = "is chosen at run time" if values[name] is NOT_LITERAL else f"={values[name]!r}"
-            plan.todo(call, f"{name} {chosen}: no {rule.target} equivalent ({why})")
+            chosen = "is chosen at run time" if values[name] is NOT_LITERAL else f"`{name}={values[name]!r}`"
+            plan.todo(call, f"{chosen if values[name] is not NOT_LITERAL else name + ' ' + chosen}: no {rule.target} "
+                            f"equivalent ({why})")
             return
     target = rule.choose_target(values) if rule.choose_target else rule.target
     if target is None:
@@ -152,7 +156,7 @@ def _apply(plan: Plan, rule: Rule, call: cst.Call, device: str) -> None:
         return
     parts = []
     for index, (name, default) in enumerate(rule.params):
-        if name in rule.drop:
+        if name in rule.drop or name in rule.no_equivalent:  # dropped, or at apex's default (else a TODO above)
             continue
         given = bound.value(name)
         if index < rule.positional:
@@ -166,11 +170,9 @@ def _apply(plan: Plan, rule: Rule, call: cst.Call, device: str) -> None:
             parts.append(f"{rule.rename.get(name, name)}={default!r}")
     if rule.fused and device == CUDA and _takes_fused(target):
         parts.append("fused=True")
-    dropped = [name for name in rule.drop if name in values and name != "adam_w_mode"
-               and values[name] != rule.default(name)]
-    if dropped:
-        plan.comment(call, f"dropped {', '.join(dropped)}: tuning of apex's own implementation, no effect on what "
-                           f"{target} computes")
+    for name, why in rule.drop.items():
+        if name in values and name != "adam_w_mode" and values[name] != rule.default(name):
+            plan.comment(call, f"`{name}` dropped: {why}")
     code = f"{target}({', '.join(parts)})"
     plan.replace_expression(call, lambda _: expression(code))
     plan.needs_torch = True

@@ -1,7 +1,7 @@
 """`python -m apexlite migrate SCRIPT [-o OUT | --diff | --in-place] [--verify [--max-steps N]] [-- ARGS]`.
 
-Imports nothing of libcst until it has checked libcst is there, so a missing extra is one clear line
-(exit 2), not a traceback. The migrated script goes to stdout (the report then goes to stderr), to OUT,
+Imports libcst only after the options are read, so `--help` works without it and a missing extra is
+one clear line (exit 2), not a traceback. The migrated script goes to stdout (the report then goes to stderr), to OUT,
 or over SCRIPT; `--diff` prints a unified diff instead. Exit status: 0 migrated completely (and, with
 --verify, trained like the original), 1 TODOs left / the rewrite did not compile / verify disagreed,
 2 bad input (missing, a directory, not Python) or bad options.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
-import importlib.util
 import io
 import os
 import sys
@@ -32,8 +31,7 @@ DEFAULT_TIMEOUT_S = 600.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    from apexlite.migrate.options import O2_CHOICES
-    from apexlite.migrate.verify import DEFAULT_TOLERANCE
+    from apexlite.migrate.options import DEFAULT_TOLERANCE, O2_CHOICES
 
     epilog = "exit status:\n" + "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_STATUSES)
     parser = argparse.ArgumentParser(
@@ -129,11 +127,12 @@ def _report(result, script: str, shown_as: str, out: TextIO) -> None:
 
 def main(argv: List[str]) -> int:
     """Entry point of `python -m apexlite migrate`."""
-    if importlib.util.find_spec("libcst") is None:
+    args, script_args = parse_arguments(argv)
+    try:
+        import libcst
+    except ImportError:
         sys.stderr.write(INSTALL_HINT + "\n")
         return 2
-    args, script_args = parse_arguments(argv)
-    import libcst
 
     from apexlite.migrate.engine import migrate_source
 

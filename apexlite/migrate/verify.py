@@ -29,9 +29,6 @@ from apexlite.migrate.options import MigrateOptions
 from apexlite.sweep.process import _end_process_group, exception_line, run_one
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verify_child.py")
-# The largest relative loss difference --verify accepts by default. Measured on the project's examples
-# (MIGRATION.md, "Leaving apex": --verify on every example, 20 steps, CPU): see DEFAULT_TOLERANCE_EVIDENCE.
-DEFAULT_TOLERANCE = 0.05
 
 
 @dataclass

@@ -12,6 +12,8 @@ COMMANDS = {
     "check": ("apexlite.check", "list the apex APIs a script uses and their status in apexlite"),
     "doctor": ("apexlite.doctor", "report torch/CUDA versions and which FusedAdam path is active"),
     "alias": ("apexlite.compat.alias", "install|uninstall|status: make this environment's `apex` apexlite"),
+    "migrate": ("apexlite.migrate.cli",
+                "rewrite a legacy apex.amp script into native torch.amp (needs apexlite[migrate])"),
 }
 WAYS_IN = ("`import apex` resolves to apexlite: for one script with `run`, for the whole environment with\n"
            "`alias install`, or from inside a process (a notebook's first cell, a script a launcher starts)\n"

@@ -4,8 +4,8 @@
 #
 # A call with nothing changed since the last install returns at once. What was installed is recorded in
 # a stamp per interpreter (build/install-stamps/): the interpreter and its prefix, this checkout, the
-# installed versions of torch/wrapt/pytest/hypothesis/setuptools/wheel/apexlite and where apexlite is
-# installed from, and a hash of what the install is built from (csrc/, setup.py, pyproject.toml, this
+# installed versions of torch/wrapt/pytest/libcst/hypothesis/setuptools/wheel/apexlite and where apexlite
+# is installed from, and a hash of what the install is built from (csrc/, setup.py, pyproject.toml, this
 # script) and of the compiled extension apexlite/_C*.so itself. The install is editable, so edits to
 # apexlite/*.py are live without a reinstall; anything else that changes makes the next call reinstall
 # and rebuild.
@@ -37,8 +37,8 @@ for path in sources + sorted(glob.glob("apexlite/_C*.so")):
             digest.update(path.encode() + b"\0" + handle.read())
 print(json.dumps({
     "python": sys.version, "executable": sys.executable, "prefix": sys.prefix, "checkout": os.getcwd(),
-    "packages": {name: installed(name) for name in ("torch", "wrapt", "pytest", "hypothesis", "setuptools", "wheel",
-                                                    "apexlite")},
+    "packages": {name: installed(name) for name in ("torch", "wrapt", "pytest", "hypothesis", "libcst",
+                                                    "setuptools", "wheel", "apexlite")},
     "apexlite_installed_from": installed_from(), "sources": digest.hexdigest(),
 }, sort_keys=True))
 PYTHON
@@ -49,7 +49,10 @@ STAMP_FILE=$STAMP_DIR/$("$PY" -c 'import hashlib, sys; print(hashlib.sha256(sys.
 if [ -f "$STAMP_FILE" ] && [ "$(stamp)" = "$(cat "$STAMP_FILE")" ]; then
     echo "setup: nothing changed since the last install into $("$PY" -c 'import sys; print(sys.prefix)'); skipped" >&2
 else
-    "$PY" -m pip install --quiet "torch==2.13.0" "wrapt>=1.14" "pytest>=7" "hypothesis>=6" setuptools wheel
+    # libcst: the `migrate` extra (apexlite[migrate]), pinned so its tests run the same everywhere;
+    # hypothesis: the cast-path and migrate property tests.
+    "$PY" -m pip install --quiet "torch==2.13.0" "wrapt>=1.14" "pytest>=7" "libcst==1.9.0" "hypothesis==6.170.15" \
+        setuptools wheel
     # --no-build-isolation: build against the torch installed above, never download another one.
     "$PY" -m pip install --quiet --no-build-isolation --no-deps -e .
     mkdir -p "$STAMP_DIR"

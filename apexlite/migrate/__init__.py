@@ -1,0 +1,9 @@
+"""`python -m apexlite migrate`: rewrite a legacy apex.amp script into native torch.amp, and prove it.
+
+The rewrite runs on libcst's concrete syntax tree, so everything it does not change keeps its exact
+bytes. libcst is the optional extra `apexlite[migrate]`; only this package imports it, and only when
+`migrate` runs (apexlite.migrate.cli checks for it first), so `run`, `check` and the import hook never
+need it. Modules: analysis (which apex API each name is, through apex's module tree, the table `check`
+reads), one planner per concern (initialize, scale_loss, regions, clipping, state_dicts, replacements),
+edits (applies the plan), imports (the final import pass), engine (the whole pipeline), verify.
+"""

@@ -1,0 +1,159 @@
+"""The apex.amp part of a script, migrated all or nothing.
+
+A half-migrated amp (the scalers in, one scale_loss left) would train wrongly or not run, so the amp
+planners work on a child plan: its edits are kept only when none of them left a TODO; otherwise the
+amp code stays as it was, with the TODOs saying what to do. This module also rewrites the
+`amp.initialize` statement itself (the scalers, the run-time device, O3's model cast) and the smaller amp
+APIs.
+"""
+from __future__ import annotations
+
+import re
+from typing import List, Optional
+
+import libcst as cst
+
+from apexlite.migrate import apis
+from apexlite.migrate.analysis import ApexUse
+from apexlite.migrate.clipping import plan_master_params
+from apexlite.migrate.device import RUNTIME
+from apexlite.migrate.edits import Plan, expression, small_statement
+from apexlite.migrate.initialize import AUTOCAST, HALF, KEEP, NONE, AmpSetup, read
+from apexlite.migrate.options import MigrateOptions
+from apexlite.migrate.scale_loss import ScaleLossPlanner
+from apexlite.migrate.state_dicts import plan_state
+
+DISABLE_CASTS = "apex.amp.handle.disable_casts"
+_CUSTOM_CASTS = ("torch.autocast has its own op lists: cast inside the function, or decorate it with "
+                 "torch.amp.custom_fwd(device_type=..., cast_inputs=torch.float16)")
+NATIVE_HINTS = {
+    "apex.amp.amp.register_half_function": _CUSTOM_CASTS,
+    "apex.amp.amp.register_float_function": _CUSTOM_CASTS.replace("float16", "float32"),
+    "apex.amp.amp.register_promote_function": "torch.autocast promotes mixed inputs of its own promote list; "
+                                              "cast the inputs to one dtype inside the function",
+    "apex.amp.amp.half_function": _CUSTOM_CASTS,
+    "apex.amp.amp.float_function": _CUSTOM_CASTS.replace("float16", "float32"),
+    "apex.amp.amp.promote_function": "cast the inputs to one dtype inside the function",
+    "apex.amp.amp.init": "the pre-2019 handle API: use torch.autocast and torch.amp.GradScaler",
+}
+
+
+def is_amp(use: ApexUse) -> bool:
+    return use.api == apis.AMP_MODULE or use.api.startswith(apis.AMP_MODULE + ".")
+
+
+def plan_amp(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]:
+    """Plan the amp part into `plan`; returns the setup when it was migrated (or kept on apexlite)."""
+    amp_uses = [use for use in plan.analysis.uses if is_amp(use)]
+    if not amp_uses:
+        return None
+    child = plan.child()
+    setup = read(child, options, device)
+    if setup is None:
+        if not child.todos:
+            for use in amp_uses:
+                hint = NATIVE_HINTS.get(use.api)
+                child.todo(use.node, f"`{child.analysis.code(use.node)}` has no certain torch rewrite: {hint}" if hint
+                           else "amp.initialize is not in this file, so migrate cannot tell what this amp call "
+                                "becomes; migrate the file that calls amp.initialize, or keep apexlite's amp")
+    elif setup.recipe == KEEP:
+        _plan_keep(child, setup, amp_uses)
+    else:
+        planner = ScaleLossPlanner(child, setup)
+        planner.plan_all()
+        plan_master_params(child, setup, planner)
+        plan_state(child, setup, planner)
+        _plan_other(child, setup, amp_uses)
+        _plan_initialize_statement(child, setup, planner)
+    for use in amp_uses:
+        child.handle(use.node)
+    migrated = setup is not None and not child.todos
+    plan.merge(child, keep_edits=migrated)
+    return setup if migrated else None
+
+
+def _plan_keep(plan: Plan, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
+    """O2 stays on apexlite's amp: only the import changes (imports.py), if every use is one apexlite.amp has."""
+    plan.notes.append("O2 keeps amp, now imported from apexlite (`from apexlite import amp`): torch has no "
+                      "fp32-master-weights recipe; --o2=bf16-autocast moves it to bf16 autocast instead")
+    plan.comment(setup.call, "O2 keeps amp from apexlite (torch has no fp32-master-weights recipe); "
+                             "`apexlite migrate --o2=bf16-autocast` moves it to bf16 autocast")
+    for use in amp_uses:
+        if use.bound == apis.AMP_MODULE:
+            first = use.written[len(apis.AMP_MODULE) + 1:].split(".")[0]
+        elif use.bound.startswith(apis.AMP_MODULE + ".") and "." not in use.bound[len(apis.AMP_MODULE) + 1:]:
+            first = use.bound[len(apis.AMP_MODULE) + 1:]
+        else:
+            first = None
+        if first is None or (first and first not in apis.apexlite_amp_names()):
+            plan.todo(use.node, f"`{plan.analysis.code(use.node)}` is not part of apexlite.amp's API; import amp as "
+                                "`from apexlite import amp` and use amp's public functions")
+
+
+def _plan_other(plan: Plan, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
+    for use in amp_uses:
+        if plan.is_handled(use.node) or use.api == apis.INITIALIZE:
+            continue
+        call = plan.analysis.call_of(use)
+        if use.api == DISABLE_CASTS and call is not None and not call.args:
+            code = f"torch.autocast(device_type={setup.device_expr}, enabled=False)"
+            plan.replace_expression(call, lambda _: expression(code))
+            plan.needs_torch = True
+            continue
+        _, status = apis.status(use.written)
+        hint = NATIVE_HINTS.get(use.api, f"apexlite lists it as {status}")
+        plan.todo(use.node, f"`{plan.analysis.code(use.node)}` has no certain torch rewrite: {hint}")
+
+
+def _normalised(code: str) -> str:
+    return re.sub(r"\s+", "", code).strip("()")
+
+
+def _plan_initialize_statement(plan: Plan, setup: AmpSetup, planner: ScaleLossPlanner) -> None:
+    analysis = plan.analysis
+    value_code = analysis.code(setup.models_arg) + (
+        f", {analysis.code(setup.optimizers_arg)}" if setup.optimizers_arg is not None else "")
+    keep_assignment = isinstance(setup.statement, cst.Assign) and _normalised(
+        analysis.code(setup.statement.targets[0].target)) != _normalised(value_code)
+    lines: List[str] = []
+    needs_device = setup.recipe == AUTOCAST or planner.scalers or any(
+        use.api == DISABLE_CASTS for use in analysis.uses)
+    if setup.device == RUNTIME and needs_device:
+        lines.append(f"{setup.device_expr} = next({setup.models[0]}.parameters()).device.type")
+    if setup.recipe == HALF:
+        cast = "half()" if setup.dtype == "float16" else "to(torch.bfloat16)"
+        for model in setup.models:
+            lines.append(f"{model}.{cast}")
+            lines.append(f"{model}.register_forward_pre_hook(\n    lambda module, args: tuple(a.{cast} if "
+                         "torch.is_tensor(a) and a.is_floating_point() else a for a in args))")
+    enabled = f", enabled={setup.enabled}" if setup.enabled else ""
+    static = "" if setup.loss_scale == "dynamic" else f", init_scale={float(setup.loss_scale)!r}, growth_interval=2**31 - 1"
+    for scaler in planner.scalers:
+        lines.append(f"{scaler.name} = torch.amp.GradScaler({setup.device_expr}{static}{enabled})")
+    plan.comment(setup.call, _summary(setup, planner))
+    if static and planner.scalers:
+        plan.comment(setup.call, f"apex's static loss_scale={setup.loss_scale!r}: GradScaler has no static mode, so "
+                                 "its growth is disabled; unlike apex, an overflowing step is skipped and halves it")
+    if setup.recipe == HALF:
+        plan.comment(setup.call, f"O3 traps: no fp32 master weights (updates below {setup.dtype}'s resolution are "
+                                 f"lost), batchnorm and optimizer state in {setup.dtype}, only positional tensor "
+                                 "inputs are cast; torch.autocast (O1) is the safer recipe")
+    plan.needs_torch = plan.needs_torch or bool(lines)
+    value = expression(value_code) if keep_assignment else None
+
+    def edit(updated: cst.BaseSmallStatement):
+        kept = [updated.with_changes(value=value)] if value is not None else []
+        return kept + [small_statement(line) for line in lines]
+
+    plan.replace_small(setup.statement, edit)
+
+
+def _summary(setup: AmpSetup, planner: ScaleLossPlanner) -> str:
+    scalers = ", ".join(scaler.name for scaler in planner.scalers)
+    scaling = f" and torch.amp.GradScaler ({scalers})" if scalers else ""
+    what = {
+        AUTOCAST: f"torch.autocast({setup.dtype}) around the forward pass and the loss{scaling}",
+        HALF: f"the model cast to {setup.dtype} (pure low-precision training){scaling}",
+        NONE: f"plain fp32 training{scaling}",
+    }[setup.recipe]
+    return f"amp.initialize (opt_level {setup.level}) became {what}"

@@ -1,0 +1,246 @@
+"""What a script does with apex, read from libcst's metadata: every use of an apex name, resolved through
+imports and scopes to the API it is (apexlite.migrate.apis), plus the tree questions the planners ask
+(which statement holds a node, which block holds a statement, whether two names are one binding).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Set, Tuple, Union
+
+import libcst as cst
+from libcst.metadata import (
+    ExpressionContext, ExpressionContextProvider, MetadataWrapper, ParentNodeProvider, PositionProvider,
+    QualifiedNameProvider, QualifiedNameSource, ScopeProvider,
+)
+
+from apexlite.migrate import apis
+
+Block = Union[cst.Module, cst.IndentedBlock]
+DottedNode = Union[cst.Name, cst.Attribute]
+
+
+@dataclass
+class ApexUse:
+    """One place a script names an apex API: the outermost Name/Attribute chain that resolves to it."""
+
+    node: DottedNode
+    api: str  # canonical (apis.canonical)
+    written: str  # the dotted name it resolves to before canonicalisation (`apex.amp.scale_loss`)
+    bound: str  # what its first name is bound to (`apex.amp` for `amp.scale_loss` after `from apex import amp`)
+    line: int
+    star: bool = False  # its first name came from `from apex... import *`
+
+
+class Analysis(cst.MetadataDependent):
+    """Metadata of one parsed script and the apex uses in it."""
+
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, ParentNodeProvider, PositionProvider,
+                             ExpressionContextProvider)
+
+    def __init__(self, wrapper: MetadataWrapper) -> None:
+        super().__init__()
+        self.module = wrapper.module
+        self.metadata = wrapper.resolve_many(self.METADATA_DEPENDENCIES)
+        self.identifiers: Set[str] = {node.value for node in self.nodes(cst.Name)}
+        self.uses: List[ApexUse] = self._collect_uses()
+
+    # --- generic questions --------------------------------------------------------------------------
+    def nodes(self, kind) -> Iterator[cst.CSTNode]:
+        return (node for node in self.metadata[ParentNodeProvider] if isinstance(node, kind))
+
+    def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        return self.get_metadata(ParentNodeProvider, node, None)
+
+    def line(self, node: cst.CSTNode) -> int:
+        return self.get_metadata(PositionProvider, node).start.line
+
+    def position(self, node: cst.CSTNode) -> Tuple[int, int]:
+        start = self.get_metadata(PositionProvider, node).start
+        return start.line, start.column
+
+    def code(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node)
+
+    def is_load(self, node: cst.Name) -> bool:
+        return self.get_metadata(ExpressionContextProvider, node, None) is ExpressionContext.LOAD
+
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        current = self.parent(node)
+        while current is not None:
+            yield current
+            current = self.parent(current)
+
+    def statement_of(self, node: cst.CSTNode) -> cst.BaseStatement:
+        """The statement, directly in a block (module or indented block), that holds `node`."""
+        current = node
+        for parent in self.ancestors(node):
+            if isinstance(parent, (cst.Module, cst.IndentedBlock)) and isinstance(current, cst.BaseStatement):
+                return current
+            current = parent
+        raise ValueError("node is not inside a statement")
+
+    def small_statement_of(self, node: cst.CSTNode) -> Optional[cst.BaseSmallStatement]:
+        """The small statement (`x = ...`, `f()`) holding `node`, if it is in one."""
+        current: cst.CSTNode = node
+        for parent in self.ancestors(node):
+            if isinstance(current, cst.BaseSmallStatement):
+                return current
+            if isinstance(parent, (cst.BaseCompoundStatement, cst.IndentedBlock, cst.Module)):
+                return None
+            current = parent
+        return None
+
+    def block_of(self, statement: cst.BaseStatement) -> Block:
+        block = self.parent(statement)
+        assert isinstance(block, (cst.Module, cst.IndentedBlock))
+        return block
+
+    def enclosing_scope_owner(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """The function or class whose body holds `node`; None at module level."""
+        for parent in self.ancestors(node):
+            if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return parent
+        return None
+
+    def scope(self, node: cst.CSTNode):
+        return self.get_metadata(ScopeProvider, node, None)
+
+    def binding_scopes(self, name: cst.Name) -> Set[int]:
+        """The scopes (by identity) in which the bindings `name` sees live."""
+        scope = self.scope(name)
+        if scope is None:
+            return set()
+        return {id(assignment.scope) for assignment in scope[name.value]}
+
+    def same_binding(self, first: cst.CSTNode, second: cst.CSTNode) -> bool:
+        """Whether two Name/Attribute chains with the same text see the same variable."""
+        if self.code(first) != self.code(second):
+            return False
+        base_a, base_b = base_name(first), base_name(second)
+        if base_a is None or base_b is None:
+            return False
+        scopes_a, scopes_b = self.binding_scopes(base_a), self.binding_scopes(base_b)
+        return bool(scopes_a) and scopes_a == scopes_b
+
+    def fresh_name(self, wanted: str, taken: Set[str]) -> str:
+        """`wanted`, or `wanted_2`, ... : a name the script does not use and migrate has not handed out."""
+        candidate, number = wanted, 1
+        while candidate in self.identifiers or candidate in taken:
+            number += 1
+            candidate = f"{wanted}_{number}"
+        taken.add(candidate)
+        return candidate
+
+    def loaded_names(self, node: cst.CSTNode) -> Set[str]:
+        """Names read anywhere inside `node`."""
+        return {name.value for name in _walk(node, cst.Name) if self.is_load(name)}
+
+    def assigned_names(self, node: cst.CSTNode) -> Set[str]:
+        """Names bound anywhere inside `node` (nested functions and classes included by their own name)."""
+        names: Set[str] = set()
+        for name in _walk(node, cst.Name):
+            context = self.get_metadata(ExpressionContextProvider, name, None)
+            if context is ExpressionContext.STORE:
+                names.add(name.value)
+        return names
+
+    def dotted_uses(self, node: cst.CSTNode) -> Set[str]:
+        """The text of every Name/Attribute chain read inside `node` (`model`, `self.model`, ...)."""
+        found: Set[str] = set()
+        for part in _walk(node, (cst.Name, cst.Attribute)):
+            text = dotted_text(part)
+            if text is not None:
+                found.add(text)
+        return found
+
+    # --- apex uses -----------------------------------------------------------------------------------
+    def _collect_uses(self) -> List[ApexUse]:
+        uses: List[ApexUse] = []
+        star = self._star_imported()
+        for name in self.nodes(cst.Name):
+            if self._in_import(name) or self._is_attribute_name(name):
+                continue
+            written = self._apex_name(name, star)
+            if written is None:
+                continue
+            bound, from_star = written, not self.get_metadata(QualifiedNameProvider, name, set())
+            node: DottedNode = name
+            parent = self.parent(node)
+            while isinstance(parent, cst.Attribute) and parent.value is node:
+                written += "." + parent.attr.value
+                node, parent = parent, self.parent(parent)
+            uses.append(ApexUse(node, apis.canonical(written), written, bound, self.line(node), from_star))
+        uses.sort(key=lambda use: (use.line, self.get_metadata(PositionProvider, use.node).start.column))
+        return uses
+
+    def _apex_name(self, name: cst.Name, star: Dict[str, str]) -> Optional[str]:
+        qualified = self.get_metadata(QualifiedNameProvider, name, set())
+        imported = [q.name for q in qualified if q.source is QualifiedNameSource.IMPORT and apis.is_apex_name(q.name)]
+        if imported:
+            return sorted(imported)[0]
+        if name.value in star and self.is_load(name):
+            scope = self.scope(name)
+            if scope is not None and not scope[name.value]:
+                return f"{star[name.value]}.{name.value}"
+        return None
+
+    def _star_imported(self) -> Dict[str, str]:
+        """name -> apex module, for names bound by `from apex... import *`."""
+        names: Dict[str, str] = {}
+        for node in self.nodes(cst.ImportFrom):
+            if isinstance(node.names, cst.ImportStar) and node.module is not None and not node.relative:
+                module = dotted_text(node.module)
+                if module and apis.is_apex_name(module):
+                    names.update({star_name: module for star_name in apis.star_names(module)})
+        return names
+
+    def _in_import(self, node: cst.CSTNode) -> bool:
+        return any(isinstance(parent, (cst.Import, cst.ImportFrom)) for parent in self.ancestors(node))
+
+    def _is_attribute_name(self, node: cst.Name) -> bool:
+        parent = self.parent(node)
+        return isinstance(parent, cst.Attribute) and parent.attr is node
+
+    def uses_of(self, api: str) -> List[ApexUse]:
+        return [use for use in self.uses if use.api == api]
+
+    def call_of(self, use: ApexUse) -> Optional[cst.Call]:
+        """The call whose function is `use`, if `use` is called."""
+        parent = self.parent(use.node)
+        return parent if isinstance(parent, cst.Call) and parent.func is use.node else None
+
+
+def _walk(node: cst.CSTNode, kinds) -> Iterator[cst.CSTNode]:
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, kinds):
+            yield current
+        stack.extend(reversed(current.children))
+
+
+def walk(node: cst.CSTNode, kinds) -> Iterator[cst.CSTNode]:
+    """Every node of the given kinds inside `node` (itself included), in source order."""
+    return _walk(node, kinds)
+
+
+def dotted_text(node: cst.CSTNode) -> Optional[str]:
+    """`a.b.c` for a pure Name/Attribute chain, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = dotted_text(node.value)
+        return None if head is None else f"{head}.{node.attr.value}"
+    return None
+
+
+def base_name(node: cst.CSTNode) -> Optional[cst.Name]:
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node if isinstance(node, cst.Name) else None
+
+
+def parse(source: bytes) -> Tuple[MetadataWrapper, Analysis]:
+    """Parse `source` (raises libcst.ParserSyntaxError) and analyse it."""
+    wrapper = MetadataWrapper(cst.parse_module(source))
+    return wrapper, Analysis(wrapper)

@@ -1,0 +1,153 @@
+"""The last pass, on the rewritten script: apex imports nothing uses any more go, amp kept for O2 is
+imported from apexlite by its real name, and `import torch` is added when the new code needs it.
+
+It runs on a fresh parse of the rewritten code, so "still used" is what the migrated script reads, not
+what the original did: `from apex import amp` disappears exactly when no amp call is left.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import libcst as cst
+from libcst.metadata import ScopeProvider
+
+from apexlite.migrate import apis
+from apexlite.migrate.analysis import Analysis, dotted_text
+from apexlite.migrate.edits import Plan, small_statement
+
+ImportNode = Union[cst.Import, cst.ImportFrom]
+
+
+def _alias_name(alias: cst.ImportAlias) -> str:
+    return dotted_text(alias.name) or ""
+
+
+def _bound_names(alias: cst.ImportAlias) -> Tuple[str, ...]:
+    """The names an alias binds in libcst's scopes: `x` for `... as x`; `a`, `a.b` for `import a.b`."""
+    if alias.asname is not None:
+        return (dotted_text(alias.asname.name) or "",)
+    parts = _alias_name(alias).split(".")
+    return tuple(".".join(parts[:depth]) for depth in range(1, len(parts) + 1))
+
+
+class ImportPlanner:
+    """Plans the import edits of the rewritten module."""
+
+    def __init__(self, analysis: Analysis, keep_amp: bool) -> None:
+        self.analysis = analysis
+        self.plan = Plan(analysis)
+        self.keep_amp = keep_amp
+        self.star_used = {use.bound.rsplit(".", 1)[0] for use in analysis.uses if use.star}
+
+    def _used(self, node: ImportNode, alias: cst.ImportAlias) -> bool:
+        """Whether anything reads a name this alias of `node` binds."""
+        scope = self.analysis.get_metadata(ScopeProvider, node, None)
+        if scope is None:
+            return True
+        return any(assignment.references for name in _bound_names(alias) for assignment in scope.assignments[name]
+                   if getattr(assignment, "node", None) is node)
+
+    def _module(self, node: cst.ImportFrom) -> Optional[str]:
+        if node.relative or node.module is None:
+            return None
+        return dotted_text(node.module)
+
+    def _rewrite_import(self, node: cst.Import) -> Optional[List[str]]:
+        """New statements (code) for `import ...`, or None to leave it."""
+        kept, out, changed = [], [], False
+        for alias in node.names:
+            name = _alias_name(alias)
+            if not apis.is_apex_name(name):
+                kept.append(alias)
+                continue
+            if not self._used(node, alias):
+                changed = True
+                continue
+            if self.keep_amp and name == apis.AMP_MODULE and alias.asname is not None:
+                out.append(f"from apexlite import amp as {alias.asname.name.value}")
+                changed = True
+                continue
+            kept.append(alias)
+        if not changed:
+            return None
+        if kept:
+            out.insert(0, "import " + ", ".join(self.analysis.code(alias.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+                                                for alias in kept))
+        return out
+
+    def _rewrite_from(self, node: cst.ImportFrom) -> Optional[List[str]]:
+        module = self._module(node)
+        if module is None or not apis.is_apex_name(module):
+            return None
+        if isinstance(node.names, cst.ImportStar):
+            return None if module in self.star_used else []
+        kept, moved = [], []
+        changed = False
+        for alias in node.names:
+            name = f"{module}.{_alias_name(alias)}"
+            text = self.analysis.code(alias.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+            if not self._used(node, alias):
+                changed = True
+            elif self.keep_amp and name == apis.AMP_MODULE:
+                moved.append(f"from apexlite import {text}")
+                changed = True
+            elif self.keep_amp and module == apis.AMP_MODULE and _alias_name(alias) in apis.apexlite_amp_names():
+                moved.append(f"from apexlite.amp import {text}")
+                changed = True
+            else:
+                kept.append(text)
+        if not changed:
+            return None
+        return ([f"from {module} import {', '.join(kept)}"] if kept else []) + moved
+
+    def plan_all(self, needs_torch: bool) -> Plan:
+        rewrites: Dict[cst.BaseSmallStatement, List[str]] = {}
+        for node in self.analysis.nodes((cst.Import, cst.ImportFrom)):
+            new = self._rewrite_import(node) if isinstance(node, cst.Import) else self._rewrite_from(node)
+            if new is not None:
+                rewrites[node] = new
+        anchor = self._torch_anchor() if needs_torch and not self._torch_bound() else None
+        if isinstance(anchor, cst.BaseSmallStatement):
+            rewrites.setdefault(anchor, None)
+        for node, codes in rewrites.items():
+            self.plan.replace_small(node, _edit(codes, node is anchor))
+        if isinstance(anchor, cst.BaseStatement):
+            self.plan.replace_statement(anchor, lambda updated: [cst.parse_statement("import torch\n"), updated])
+        return self.plan
+
+    def _torch_bound(self) -> bool:
+        scope = self.analysis.get_metadata(ScopeProvider, self.analysis.module, None)
+        return scope is not None and bool(scope.assignments["torch"])
+
+    def _torch_anchor(self) -> Union[cst.BaseSmallStatement, cst.BaseStatement, None]:
+        """Where `import torch` goes: before the module's first import (after `__future__` ones), else before
+        its first statement after the docstring."""
+        body = list(self.analysis.module.body)
+        for statement in body:
+            if isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], (cst.Import,
+                                                                                                 cst.ImportFrom)):
+                first = statement.body[0]
+                if isinstance(first, cst.ImportFrom) and self._module(first) == "__future__":
+                    continue
+                return first
+        start = 1 if body and _is_docstring(body[0]) else 0
+        while start < len(body) and isinstance(body[start], cst.SimpleStatementLine) and isinstance(
+                body[start].body[0], cst.ImportFrom) and self._module(body[start].body[0]) == "__future__":
+            start += 1
+        if start >= len(body):
+            return None
+        statement = body[start]
+        return statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else statement
+
+
+def _is_docstring(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr) and isinstance(
+        statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+
+
+def _edit(codes: Optional[Sequence[str]], with_torch: bool):
+    def edit(updated: cst.BaseSmallStatement):
+        produced = [small_statement(code) for code in codes] if codes is not None else [updated]
+        return ([small_statement("import torch")] if with_torch else []) + produced
+
+    return edit

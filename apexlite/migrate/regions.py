@@ -1,0 +1,121 @@
+"""Where `torch.autocast` goes: around the forward pass and the loss computation, nothing more.
+
+For each scaled loss, the region ends at the statement that computes the loss and starts at the
+earliest statement the loss depends on (by the names it reads, followed backwards through the block)
+that runs one of amp's models. Data loading before the forward and the optimizer work after the loss
+stay outside, as in torch's AMP examples. Statements that step an optimizer, scale a loss or call
+`amp.initialize` are never inside a region. Regions of one block that overlap are merged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Set
+
+import libcst as cst
+
+from apexlite.migrate.analysis import Analysis
+from apexlite.migrate.edits import Plan
+
+
+@dataclass
+class Region:
+    block: cst.CSTNode
+    start: int
+    end: int  # inclusive indices into block.body
+
+
+class RegionFinder:
+    """Finds the autocast region of each scaled loss; `regions` holds them, merged per block."""
+
+    def __init__(self, plan: Plan, models: Sequence[str], markers: Sequence[cst.CSTNode]) -> None:
+        self.plan = plan
+        self.analysis: Analysis = plan.analysis
+        self.models = set(models)
+        self.marked: Set[int] = set()
+        for node in markers:
+            self.marked.update(id(ancestor) for ancestor in self.analysis.ancestors(node))
+            self.marked.add(id(node))
+        self.regions: List[Region] = []
+
+    def _is_marker(self, statement: cst.CSTNode) -> bool:
+        return id(statement) in self.marked
+
+    def _runs_model(self, statement: cst.CSTNode) -> bool:
+        return bool(self.analysis.dotted_uses(statement) & self.models)
+
+    def _loss_statement(self, start: cst.BaseStatement, names: Set[str]) -> Optional[cst.BaseStatement]:
+        """The nearest statement before `start` (in its block, then in the enclosing blocks up to the function)
+        that assigns one of `names`."""
+        statement = start
+        while True:
+            block = self.analysis.block_of(statement)
+            body = list(block.body)
+            for candidate in reversed(body[:body.index(statement)]):
+                if self.analysis.assigned_names(candidate) & names:
+                    return candidate
+                if self._is_marker(candidate):
+                    return None
+            if isinstance(block, cst.Module):
+                return None
+            owner = self.analysis.parent(block)
+            while owner is not None and not isinstance(owner, cst.BaseCompoundStatement):
+                owner = self.analysis.parent(owner)
+            if owner is None or isinstance(owner, (cst.FunctionDef, cst.ClassDef)):
+                return None
+            statement = owner
+
+    def find(self, scaled: cst.BaseStatement, loss: cst.BaseExpression) -> bool:
+        """Record the region of the loss scaled at `scaled`; False (with a TODO) when there is none."""
+        if any(isinstance(node, (cst.Call, cst.Lambda, cst.NamedExpr)) for node in _descendants(loss)):
+            self.plan.todo(scaled, "the loss passed to amp.scale_loss is computed in the call; compute it into a "
+                                   "variable under torch.autocast first")
+            return False
+        loss_statement = self._loss_statement(scaled, self.analysis.loaded_names(loss))
+        if loss_statement is None:
+            self.plan.todo(scaled, "migrate did not find where this loss is computed before amp.scale_loss; put "
+                                   "the forward pass and the loss computation under torch.autocast yourself")
+            return False
+        block = self.analysis.block_of(loss_statement)
+        body = list(block.body)
+        end = body.index(loss_statement)
+        depends = self.analysis.loaded_names(loss_statement)
+        starts = [end] if self._runs_model(loss_statement) else []
+        after_earlier_backward = False
+        for index in range(end - 1, -1, -1):
+            statement = body[index]
+            if self._is_marker(statement):
+                after_earlier_backward = True
+                break
+            if self.analysis.assigned_names(statement) & depends:
+                depends |= self.analysis.loaded_names(statement)
+                if self._runs_model(statement):
+                    starts.append(index)
+        if not starts and after_earlier_backward:
+            starts = [end]  # a second loss from the same forward pass (run under an earlier region)
+        if not starts:
+            self.plan.todo(scaled, f"no forward pass of {', '.join(sorted(self.models))} found where this loss is "
+                                   "computed; put the forward pass and the loss under torch.autocast yourself")
+            return False
+        self._add(Region(block, min(starts), end), scaled)
+        return True
+
+    def _add(self, region: Region, scaled: cst.BaseStatement) -> None:
+        for existing in self.regions:
+            if existing.block is region.block and region.start <= existing.end and existing.start <= region.end:
+                existing.start, existing.end = min(existing.start, region.start), max(existing.end, region.end)
+                return
+        self.regions.append(region)
+
+    def by_block(self) -> Dict[int, List[Region]]:
+        grouped: Dict[int, List[Region]] = {}
+        for region in self.regions:
+            grouped.setdefault(id(region.block), []).append(region)
+        return grouped
+
+
+def _descendants(node: cst.CSTNode):
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(current.children)

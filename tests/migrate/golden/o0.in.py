@@ -1,0 +1,17 @@
+import io
+
+import torch
+from apex import amp
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 4)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = amp.initialize(model, optimizer, opt_level="O0")
+
+for _ in range(3):
+    loss = model(torch.randn(2, 4)).sum()
+    with amp.scale_loss(loss, optimizer) as scaled:
+        scaled.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+torch.save({"model": model.state_dict(), "amp": amp.state_dict()}, io.BytesIO())

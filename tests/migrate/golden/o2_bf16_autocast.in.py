@@ -1,0 +1,13 @@
+import torch
+from apex import amp
+from apex.optimizers import FusedAdam
+
+model = torch.nn.Linear(4, 4).cuda()
+optimizer = FusedAdam(model.parameters(), lr=1e-3)
+model, optimizer = amp.initialize(model, optimizer, opt_level="O2", keep_batchnorm_fp32=True, loss_scale="dynamic")
+for _ in range(3):
+    loss = model(torch.randn(2, 4).cuda()).float().sum()
+    with amp.scale_loss(loss, optimizer) as scaled:
+        scaled.backward()
+    torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
+    optimizer.step()

@@ -1,0 +1,21 @@
+"""scale_loss inside a helper that receives the optimizer: migrate cannot tie it to initialize's."""
+import torch
+from apex import amp
+
+
+def train_step(model, optimizer, batch):
+    loss = model(batch).sum()
+    # TODO(apexlite migrate): this scale_loss names an optimizer migrate cannot tie to amp.initialize's
+    #     (is it inside a helper function?); pass the torch.amp.GradScaler in and write
+    #     `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    optimizer.step()
+
+
+def main():
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    for _ in range(3):
+        train_step(model, optimizer, torch.randn(2, 4))

@@ -1,0 +1,181 @@
+"""`migrate --verify`: the curve comparison, the child that runs migrated scripts (loss capture, step budget,
+apex refused), and that a broken migration is caught."""
+import io
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from apexlite.migrate.compare import AGREE, DIFFER, INCOMPLETE, compare, relative_difference
+from apexlite.migrate.engine import migrate_source
+from apexlite.migrate.options import MigrateOptions
+from apexlite.migrate.verify import CHILD, verify_migration
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.mark.parametrize("original,migrated,expected", [
+    (2.0, 2.1, 0.05), (2.0, 2.0, 0.0), (-4.0, -3.0, 0.25), (0.0, 0.5, 0.5), (None, None, 0.0), (1.0, None, math.inf),
+])
+def test_relative_difference(original, migrated, expected):
+    assert relative_difference(original, migrated) == pytest.approx(expected)
+
+
+def curve(*losses, steps=None):
+    return [[step, loss] for step, loss in zip(steps or range(1, len(losses) + 1), losses)]
+
+
+def test_compare_agrees_within_the_tolerance_and_names_the_worst_point():
+    result = compare(curve(4.0, 2.0, 1.0), curve(4.0, 2.02, 1.005), tolerance=0.05)
+    assert result.verdict == AGREE and result.at_index == 1 and result.largest == pytest.approx(0.01)
+
+
+def test_compare_differs_beyond_the_tolerance():
+    result = compare(curve(4.0, 2.0, 1.0), curve(4.0, 2.0, 1.2), tolerance=0.05)
+    assert result.verdict == DIFFER and "20.000%" in result.reason and result.at_step == 3
+
+
+def test_compare_differs_when_the_loops_differ():
+    assert compare(curve(1.0, 1.0), curve(1.0, 1.0, 1.0), 0.05).verdict == DIFFER
+    stepped = compare(curve(1.0, 1.0, steps=[1, 1]), curve(1.0, 1.0, steps=[1, 2]), 0.05)
+    assert stepped.verdict == DIFFER and "step at different times" in stepped.reason
+
+
+def test_compare_without_losses_is_incomplete():
+    assert compare([], curve(1.0), 0.05).verdict == INCOMPLETE
+
+
+def test_compare_non_finite_losses():
+    assert compare(curve(1.0, None), curve(1.0, None), 0.05).verdict == AGREE
+    assert compare(curve(1.0, None), curve(1.0, 0.5), 0.05).verdict == DIFFER
+
+
+SCALED_SCRIPT = """
+import sys
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+for step in range(int(sys.argv[1])):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    print("loss", repr(loss.item()), flush=True)
+    scaler.scale(loss).backward()
+    if step == 1:
+        model.weight.grad.fill_(float("inf"))  # this step overflows: GradScaler skips it
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+"""
+
+PLAIN_SCRIPT = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizers = [torch.optim.SGD(model.parameters(), lr=0.01), torch.optim.Adam(model.parameters(), lr=0.01)]
+for step in range(10):
+    for optimizer in optimizers:
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        print("loss", repr(loss.item()), flush=True)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def run_child(tmp_path, source, *args, max_steps=None, allow=()):
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    telemetry = tmp_path / "telemetry.json"
+    command = [sys.executable, CHILD, "--telemetry", str(telemetry), *[f"--allow={root}" for root in allow]]
+    if max_steps is not None:
+        command += ["--max-steps", str(max_steps)]
+    result = subprocess.run([*command, str(script), *args], capture_output=True, text=True, timeout=120)
+    return result, json.loads(telemetry.read_text())
+
+
+def printed_losses(stdout):
+    return [float(line.split()[1]) for line in stdout.splitlines() if line.startswith("loss ")]
+
+
+def test_child_records_unscaled_losses_and_counts_skipped_steps(tmp_path):
+    result, report = run_child(tmp_path, SCALED_SCRIPT, "5")
+    assert result.returncode == 0, result.stderr
+    assert report["steps"] == 5 and not report["cut_at_budget"]
+    assert [loss for _, loss in report["loss_curve"]] == pytest.approx(printed_losses(result.stdout), rel=1e-7)
+    assert [step for step, _ in report["loss_curve"]] == [1, 2, 3, 4, 5]
+
+
+def test_child_budget_ends_the_script_cleanly(tmp_path):
+    result, report = run_child(tmp_path, SCALED_SCRIPT, "50", max_steps=3)
+    assert result.returncode == 0, result.stderr
+    assert report["steps"] == 3 and report["cut_at_budget"] and len(report["loss_curve"]) == 3
+    assert len(printed_losses(result.stdout)) == 3
+
+
+def test_child_counts_plain_optimizer_steps_through_torchs_hook(tmp_path):
+    result, report = run_child(tmp_path, PLAIN_SCRIPT, max_steps=7)
+    assert result.returncode == 0, result.stderr
+    assert report["steps"] == 7
+    assert [loss for _, loss in report["loss_curve"]] == pytest.approx(printed_losses(result.stdout), rel=1e-7)
+    assert [step for step, _ in report["loss_curve"]] == list(range(1, 8))
+
+
+@pytest.mark.parametrize("module", ["apex", "apex.amp", "amp_C", "apexlite"])
+def test_child_refuses_apex_and_apexlite(tmp_path, module):
+    result, report = run_child(tmp_path, f"import {module}\n")
+    root = module.split(".")[0]
+    assert result.returncode == 1
+    assert f"No module named '{root}' (apexlite migrate --verify runs the migrated script without {root})" in \
+        result.stderr
+    assert report["refused_imports"] == [root] and report["loaded_refused_modules"] == []
+
+
+def test_child_may_allow_apexlite_for_o2_kept_on_it(tmp_path):
+    result, report = run_child(tmp_path, "import apexlite.amp\n", allow=["apexlite"])
+    assert result.returncode == 0, result.stderr
+    assert report["refused_imports"] == []
+
+
+def _verify(source_path, result, max_steps, *script_args):
+    out = io.StringIO()
+    status = verify_migration(str(source_path), result, list(script_args), max_steps, 300.0, 0.05, MigrateOptions(),
+                              None, out)
+    return status, out.getvalue()
+
+
+@pytest.mark.slow
+def test_verify_catches_clipping_before_unscale():
+    """A migration that forgets scaler.unscale_ before clipping trains differently: verify says so."""
+    path = EXAMPLES / "grad_accumulation_amp.py"
+    result = migrate_source(path.read_bytes(), MigrateOptions(opt_level="O1"))
+    assert b"    scaler.unscale_(optimizer)\n" in result.migrated
+    status, report = _verify(path, result, 6, "--steps", "6")
+    assert status == 0, report
+    assert "verdict: AGREE" in report
+    result.migrated = result.migrated.replace(b"    scaler.unscale_(optimizer)\n", b"")
+    status, report = _verify(path, result, 6, "--steps", "6")
+    assert status == 1
+    assert "verdict: DIFFER: the losses differ by up to" in report
+
+
+@pytest.mark.slow
+def test_verify_a_script_without_amp(tmp_path):
+    """No amp.initialize (so no apexlite telemetry): the original is recorded by the child under apexlite run."""
+    script = tmp_path / "fused.py"
+    script.write_text("import torch\nfrom apex.optimizers import FusedAdam\nfrom apex.fp16_utils import to_python_float\n"
+                      "torch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\n"
+                      "optimizer = FusedAdam(model.parameters(), lr=1e-2)\n"
+                      "for _ in range(20):\n    loss = model(torch.randn(8, 4)).pow(2).mean()\n"
+                      "    print(to_python_float(loss))\n    loss.backward()\n    optimizer.step()\n"
+                      "    optimizer.zero_grad()\n")
+    result = migrate_source(script.read_bytes())
+    assert result.exit_status == 0
+    status, report = _verify(script, result, 8)
+    assert status == 0, report
+    assert "original (apexlite run): ok, 8 steps, 8 losses" in report
+    assert "verdict: AGREE" in report

@@ -82,4 +82,4 @@ def _install(session: Any, target: Any, name: str, policy: CastPolicy, qualname:
     original = raw_attribute(target, name)
     wrapper = make_wrapper(policy, session.cast_state, original, qualname, (target, name))
     session.o1_patcher.set_attribute(target, name, wrapper)
-    register_script_builtin(session.o1_patcher, original, wrapper)  # NOTE [TorchScript]
+    register_script_builtin(session.o1_patcher, original, wrapper, qualname)  # NOTE [TorchScript]

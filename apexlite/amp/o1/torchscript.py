@@ -29,7 +29,7 @@ HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks")
 HOOK_OPTION_TABLES = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
 
 
-def register_script_builtin(patcher: Patcher, original: Callable, wrapper: Any) -> None:
+def register_script_builtin(patcher: Patcher, original: Callable, wrapper: Any, qualname: str) -> None:
     """Make TorchScript compile calls of `wrapper` as the ATen builtin `original` stands for, if any."""
     builtins = getattr(torch.jit, "_builtins", None)
     find = getattr(builtins, "_find_builtin", None)
@@ -41,7 +41,7 @@ def register_script_builtin(patcher: Patcher, original: Callable, wrapper: Any) 
         return
     table = table_of()
     table[id(wrapper)] = op
-    patcher.add_undo(lambda: table.pop(id(wrapper), None), f"TorchScript builtin {op} for its O1 wrapper")
+    patcher.add_undo(lambda: table.pop(id(wrapper), None), f"TorchScript builtin {op} for the O1 wrapper of {qualname}")
 
 
 def _is_apexlite_hook(hook: Any) -> bool:

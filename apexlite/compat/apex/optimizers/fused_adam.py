@@ -7,6 +7,7 @@ any of those keywords, this name returns the 2019 class, so such scripts run unc
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch  # noqa: F401  (apex's module names)
@@ -26,3 +27,7 @@ class FusedAdam(_FusedAdam):
 
             return FusedAdam2019(*args, **kwargs)
         return super().__new__(cls)
+
+
+# inspect.signature(FusedAdam) reads __new__ first: show apex's constructor parameters, not *args/**kwargs
+FusedAdam.__new__.__signature__ = inspect.signature(_FusedAdam.__init__)

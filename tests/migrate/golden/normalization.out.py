@@ -12,6 +12,6 @@ class Block(torch.nn.Module):
         self.other = torch.nn.LayerNorm(width)
         # TODO(apexlite migrate): `MixedFusedLayerNorm` has no certain torch rewrite
         #     (apex.normalization.MixedFusedLayerNorm: differs: torch ops (fp32 statistics) instead of
-        #     apex's CUDA kernel, same results; memory_efficient is accepted and has no effect); see
-        #     MIGRATION.md
+        #     apex's CUDA kernel, same results on any device; memory_efficient saves the output instead of
+        #     the input, as apex did); see MIGRATION.md
         self.mixed = MixedFusedLayerNorm(width)

@@ -36,6 +36,8 @@ CASES = [
     ("grad_accumulation_amp.py", ["--opt-level", "O2", "--o2=bf16-autocast"], ["--steps", "5"], 5, False),
     ("grad_accumulation_amp.py", ["--opt-level", "O3"], ["--steps", "5"], 5, False),
     ("dcgan_amp.py", ["--opt-level", "O1"], ["--iters-per-epoch", "3"], 6, False),
+    ("long_training_amp.py", ["--opt-level", "O1"],
+     ["--print-freq", "1", "--epochs", "1", "--steps-per-epoch", "6"], 6, False),
     ("fused_adam_o2.py", ["--opt-level", "O2"], ["--steps", "6"], 6, True),
 ]
 LOSS_PATTERN = {"dcgan_amp.py": r"Loss_D: ([\d.]+)"}

@@ -93,7 +93,7 @@ def test_alias_install_resolves_everywhere_then_uninstall_leaves_the_venv_as_fou
                             cwd=tmp_path, env=_env())
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        f"{COMPAT} apexlite.compat.amp_C apexlite.normalization 0.1+apexlite ['apex', 'amp_C'] apexlite",
+        f"{COMPAT} apexlite.compat.amp_C apexlite.normalization.modules 0.1+apexlite ['apex', 'amp_C'] apexlite",
         f"spawn {COMPAT}",
         f"subprocess {COMPAT}",
     ]

@@ -18,9 +18,10 @@ import pytest
 
 from apexlite.compat import alias
 from apexlite.compat.child_path.sitecustomize import LEGACY_TOP_LEVEL
+from tests.compat.test_extension_modules import check_megatron_report
 
 TIMEOUT_S = 180
-MEGATRON_LAYER_NORM = Path(__file__).parent / "_scripts" / "megatron_fused_layer_norm.py"
+MEGATRON_KERNELS = Path(__file__).parent / "_scripts" / "megatron_fused_kernels.py"
 COMPAT = "apexlite.compat.apex"
 BASE_PTH = "apexlite_test_base.pth"
 
@@ -105,12 +106,10 @@ def test_alias_install_resolves_everywhere_then_uninstall_leaves_the_venv_as_fou
     ]
     status = _alias(python, "status", tmp_path)
     assert status.returncode == 0 and "`import apex` resolves to apexlite" in status.stdout, status.stderr
-    megatron = subprocess.run([str(python), str(MEGATRON_LAYER_NORM)], capture_output=True, text=True,
-                              timeout=TIMEOUT_S, cwd=tmp_path, env=_env())  # importlib.import_module, by name
+    megatron = subprocess.run([str(python), str(MEGATRON_KERNELS)], capture_output=True, text=True,
+                              timeout=TIMEOUT_S, cwd=tmp_path, env=_env())  # imports by name, importlib included
     assert megatron.returncode == 0, megatron.stderr
-    report = json.loads(megatron.stdout.strip().splitlines()[-1])
-    assert report["module"] == "apexlite.compat.fused_layer_norm_cuda"
-    assert max(report["differences"].values()) <= 1e-5, report
+    check_megatron_report(json.loads(megatron.stdout.strip().splitlines()[-1]))
     again = _alias(python, "install", tmp_path)
     assert again.returncode == 0 and "already installed" in again.stdout
 

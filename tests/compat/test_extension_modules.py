@@ -1,7 +1,7 @@
 """apex's compiled extensions as top-level modules (`fused_layer_norm_cuda`, `syncbn`, ...): what apexlite
 provides and refuses agrees with its tree table; under the hook they resolve to apexlite's modules, or raise
-apex's ModuleNotFoundError naming the alternative; real code of the era (a Megatron-LM 2022-23 fused layer
-norm, fairseq's fused_adam_cuda probe) runs through `apexlite run` and `apexlite.install()` (the alias:
+apex's ModuleNotFoundError naming the alternative; real code of the era (Megatron-LM 2022-23's fused layer
+norm, fused softmax and gradient accumulation fusion; fairseq's fused_adam_cuda probe) runs through `apexlite run` and `apexlite.install()` (the alias:
 tests/compat/test_alias.py); and none of these names exists in a process that did not opt in."""
 import importlib
 import importlib.util
@@ -125,12 +125,24 @@ def _script(script, way, cwd):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+# Megatron's uses of the extensions: (check, largest difference allowed from the fp32 torch reference)
+MEGATRON_LIMITS = {"layer_norm": 1e-5, "grad_accumulation": 1e-5, "causal_softmax": 2e-3, "masked_softmax": 2e-3}
+MEGATRON_MODULES = ["apexlite.compat.fused_layer_norm_cuda", "apexlite.compat.fused_weight_gradient_mlp_cuda",
+                    "apexlite.compat.scaled_masked_softmax_cuda", "apexlite.compat.scaled_upper_triang_masked_softmax_cuda"]
+
+
+def check_megatron_report(report):
+    """The modules that answered are apexlite's, and every result is torch's within its limit."""
+    assert report["modules"] == MEGATRON_MODULES, report
+    assert report["differences"].keys() == MEGATRON_LIMITS.keys()
+    for check, limit in MEGATRON_LIMITS.items():
+        assert report["differences"][check] <= limit, (check, report)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("way", ["run", "install"])
-def test_a_megatron_era_fused_layer_norm_matches_torchs_layer_norm(way, tmp_path):
-    report = _script("megatron_fused_layer_norm.py", way, tmp_path)
-    assert report["module"] == "apexlite.compat.fused_layer_norm_cuda"
-    assert max(report["differences"].values()) <= 1e-5, report
+def test_megatron_eras_fused_kernels_match_torch(way, tmp_path):
+    check_megatron_report(_script("megatron_fused_kernels.py", way, tmp_path))
 
 
 @pytest.mark.slow

@@ -21,17 +21,19 @@ import sys
 
 # apex's top-level modules apexlite provides: the apex package and the compiled extensions it implements
 # (apexlite/compat/<name>.py); tests/compat/test_extension_modules.py checks these against apex_tree.tsv
-LEGACY_TOP_LEVEL = ("apex", "amp_C", "apex_C", "fused_adam_cuda", "fused_lamb_cuda", "fused_layer_norm_cuda", "syncbn")
+LEGACY_TOP_LEVEL = (
+    "apex", "amp_C", "apex_C", "fused_adam_cuda", "fused_lamb_cuda", "fused_layer_norm_cuda",
+    "fused_weight_gradient_mlp_cuda", "generic_scaled_masked_softmax_cuda", "scaled_masked_softmax_cuda",
+    "scaled_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda", "syncbn",
+)
 # apex's other compiled extensions: under apexlite, importing one that nothing else provides raises the
 # ModuleNotFoundError of an apex built without it, naming the alternative
 REFUSED_EXTENSIONS = (
     "_apex_gpu_direct_storage", "_apex_nccl_allocator", "bnp", "cudnn_gbn_lib", "distributed_adam_cuda",
     "distributed_lamb_cuda", "fast_bottleneck", "fast_layer_norm", "fast_multihead_attn", "fmhalib", "focal_loss_cuda",
     "fused_conv_bias_relu", "fused_dense_cuda", "fused_index_mul_2d", "fused_rotary_positional_embedding",
-    "fused_weight_gradient_mlp_cuda", "generic_scaled_masked_softmax_cuda", "group_norm_cuda", "group_norm_v2_cuda",
-    "mlp_cuda", "nccl_p2p_cuda", "peer_memory_cuda", "permutation_search_cuda", "scaled_masked_softmax_cuda",
-    "scaled_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda", "transducer_joint_cuda", "transducer_loss_cuda",
-    "xentropy_cuda",
+    "group_norm_cuda", "group_norm_v2_cuda", "mlp_cuda", "nccl_p2p_cuda", "peer_memory_cuda", "permutation_search_cuda",
+    "transducer_joint_cuda", "transducer_loss_cuda", "xentropy_cuda",
 )
 # apex's own setup.py said version "0.1"; the local label says who provides it (PEP 440: 0.1 <= this).
 APEX_DISTRIBUTION_VERSION = "0.1+apexlite"

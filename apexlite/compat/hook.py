@@ -35,6 +35,7 @@ from apexlite.compat.child_path.sitecustomize import LEGACY_TOP_LEVEL, REFUSED_E
 COMPAT_PACKAGE = "apexlite.compat"
 # legacy top-level name -> module that provides it
 TOP_LEVEL = {name: f"{COMPAT_PACKAGE}.{name}" for name in LEGACY_TOP_LEVEL}
+_REFUSED = frozenset(REFUSED_EXTENSIONS)
 
 
 def target_name(name: str) -> Optional[str]:
@@ -104,7 +105,7 @@ class ApexAliasFinder(importlib.abc.MetaPathFinder):
                 self.aliases.append(alias)
 
     def find_spec(self, name: str, path=None, target=None) -> Optional[importlib.machinery.ModuleSpec]:
-        if name in REFUSED_EXTENSIONS:
+        if name in _REFUSED:
             return self._refused_extension(name, path, target)
         if target_name(name) is None:
             return None

@@ -16,8 +16,10 @@ import pytest
 
 from apexlite.compat import apex_aliases, apex_tree
 from apexlite.compat._unsupported import is_placeholder
+from apexlite.compat.child_path import CHILD_PATH
 from apexlite.compat.child_path.sitecustomize import LEGACY_TOP_LEVEL, REFUSED_EXTENSIONS
 from apexlite.compat.generic import advice
+from apexlite.compat.install import is_stand_in
 
 TREE = apex_tree.tree()
 SCRIPTS = Path(__file__).parent / "_scripts"
@@ -42,6 +44,15 @@ def test_a_provided_module_has_every_working_function_of_its_row_and_nothing_els
     assert set(module.__all__) == working
     for function in working:
         assert callable(getattr(module, function)) and not is_placeholder(getattr(module, function)), function
+
+
+def test_children_started_without_site_find_a_stand_in_for_every_provided_name():
+    stand_ins = {path.stem if path.suffix == ".py" else path.name: path for path in Path(CHILD_PATH).iterdir()
+                 if path.name != "__init__.py" and (path.suffix == ".py" or (path / "__init__.py").is_file())}
+    stand_ins.pop("sitecustomize")
+    assert sorted(stand_ins) == sorted(LEGACY_TOP_LEVEL)
+    for name, path in stand_ins.items():
+        assert is_stand_in(str(path if path.suffix == ".py" else path / "__init__.py")), name
 
 
 @pytest.mark.parametrize("name", PROVIDED)

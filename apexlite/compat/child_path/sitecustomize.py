@@ -1,7 +1,8 @@
 """Interpreter start-up of every Python process an `apexlite run` starts (this folder is on its PYTHONPATH).
 
 Python imports `sitecustomize` while it starts; this one puts `DeferredApexFinder` first on
-`sys.meta_path`, so in the child `apex`/`amp_C` resolve to apexlite ahead of anything on `sys.path`
+`sys.meta_path`, so in the child `apex`, `amp_C` and apex's other top-level modules (LEGACY_TOP_LEVEL,
+REFUSED_EXTENSIONS below) resolve to apexlite ahead of anything on `sys.path`
 (a local `apex/` folder next to the child's script included), as they do in the run's own process,
 and `importlib.metadata` finds the `apex` distribution there too. It imports nothing from apexlite (or
 torch) until a legacy name is imported, so children that never touch apex start as fast as before.

@@ -1,8 +1,10 @@
 """`python -m apexlite check SCRIPT`: which apex APIs a script uses and how apexlite handles each.
 
-The script is parsed, never executed. Every `apex` / `amp_C` import is followed through aliases
-(`from apex.parallel import DistributedDataParallel as DDP`, `import apex.amp as amp`, ...) to the
-attribute uses in the code. Each API's status comes from `apexlite.api_status`, which reads apex's
+The script is parsed, never executed. Every import of `apex`, `amp_C` or another of apex's top-level
+modules (its compiled extensions: `fused_layer_norm_cuda`, `syncbn`, ...) is followed through aliases
+(`from apex.parallel import DistributedDataParallel as DDP`, `import apex.amp as amp`,
+`fused_layer_norm_cuda = importlib.import_module("fused_layer_norm_cuda")`, ...) to the attribute uses in
+the code. Each API's status comes from `apexlite.api_status`, which reads apex's
 module tree (apexlite/compat/apex_tree.tsv, the table MIGRATION.md agrees with): nothing is imported
 from apexlite.compat to decide it. torch functions that O1 refuses for fp16/bf16 inputs
 (`F.binary_cross_entropy`, `nn.BCELoss`) are flagged with the fix wherever they are used; torch is
@@ -17,10 +19,11 @@ import json
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from apexlite import api_status
 from apexlite.compat import apex_tree
+from apexlite.compat.child_path.sitecustomize import LEGACY_TOP_LEVEL, REFUSED_EXTENSIONS
 from apexlite.script_source import MAX_SOURCE_BYTES, ScriptSourceError, parse_script
 
 EXIT_STATUSES = (
@@ -31,7 +34,8 @@ EXIT_STATUSES = (
     (4, "the path is not a regular file (directory, device, FIFO, socket)"),
     (5, f"the file is larger than {MAX_SOURCE_BYTES} bytes"),
 )
-_TRACKED_ROOTS = ("apex", "amp_C", "torch")
+_TRACKED_ROOTS = frozenset(LEGACY_TOP_LEVEL + REFUSED_EXTENSIONS + ("torch",))
+_IMPORT_CALLS = frozenset({"importlib.import_module", "import_module", "__import__"})
 
 
 @dataclass
@@ -45,8 +49,8 @@ class Usage:
 class _ApiUses(ast.NodeVisitor):
     """Collects the apex/amp_C/torch names a module references, resolving import aliases."""
 
-    def __init__(self) -> None:
-        self.aliases: Dict[str, str] = {}  # local name -> qualified name
+    def __init__(self, module: ast.Module) -> None:
+        self.aliases: Dict[str, str] = _modules_bound_by_calls(module)  # local name -> qualified name
         self.uses: Dict[str, Usage] = {}
 
     def _record(self, api: str, line: int) -> None:
@@ -76,6 +80,23 @@ class _ApiUses(ast.NodeVisitor):
             self.aliases[alias.asname or alias.name] = qualified
             self._record(qualified, node.lineno)
 
+    def visit_Assign(self, node: ast.Assign) -> None:
+        """`name = importlib.import_module("fused_layer_norm_cuda")`: name is that module from here on."""
+        module = _imported_by_call(node.value)
+        if module is None:
+            self.generic_visit(node)
+            return
+        self._record(module, node.lineno)
+        for target in node.targets:
+            if isinstance(target, ast.Name):
+                self.aliases[target.id] = module
+
+    def visit_Call(self, node: ast.Call) -> None:
+        module = _imported_by_call(node)
+        if module is not None:
+            self._record(module, node.lineno)
+        self.generic_visit(node)
+
     def visit_Attribute(self, node: ast.Attribute) -> None:
         chain: List[str] = []
         current: ast.AST = node
@@ -93,6 +114,35 @@ class _ApiUses(ast.NodeVisitor):
     def visit_Name(self, node: ast.Name) -> None:
         if node.id in self.aliases and isinstance(node.ctx, ast.Load):
             self._record(self.aliases[node.id], node.lineno)
+
+
+def _dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _imported_by_call(node: ast.AST) -> Optional[str]:
+    """The tracked module an `importlib.import_module("...")` / `__import__("...")` call imports, if any."""
+    if not (isinstance(node, ast.Call) and node.args and _dotted(node.func) in _IMPORT_CALLS):
+        return None
+    name = node.args[0]
+    if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+        return None
+    return name.value if name.value.split(".")[0] in _TRACKED_ROOTS - {"torch"} else None
+
+
+def _modules_bound_by_calls(module: ast.Module) -> Dict[str, str]:
+    """name -> module for every `name = importlib.import_module("<tracked module>")` anywhere in the script.
+
+    Known before the uses are walked: Megatron-style code binds the module in a constructor (under
+    `global`) below the autograd Function that uses it."""
+    bound = {}
+    for node in ast.walk(module):
+        imported = _imported_by_call(node.value) if isinstance(node, ast.Assign) else None
+        if imported is not None:
+            bound.update({target.id: imported for target in node.targets if isinstance(target, ast.Name)})
+    return bound
 
 
 def _star_exports(module: str) -> List[str]:
@@ -142,7 +192,7 @@ def scan(source: Any, filename: str = "<script>") -> List[Tuple[str, List[int], 
     """(api, line numbers, status) for every apex API, and O1-refused torch API, used in `source`
     (text, bytes or an already parsed module), sorted by first use."""
     tree = source if isinstance(source, ast.Module) else ast.parse(source, filename)
-    visitor = _ApiUses()
+    visitor = _ApiUses(tree)
     visitor.visit(tree)
     refused = _refused_at_o1()
     merged: Dict[str, Tuple[List[int], str]] = {}

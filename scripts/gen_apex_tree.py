@@ -18,7 +18,9 @@ commit e13873de, the last with amp). Rows:
   `same_as`; an empty `apex` column on a name means "as its module". A name that is also a submodule
   path has the module's row; when the package binds an object there instead (apex.amp._amp_state),
   that row's `same_as` names the object;
-- `amp_C` and its kernels: the `m.def("...")` names in APEX_SRC/csrc/amp_C_frontend.cpp.
+- every top-level module apex's setup.py builds as a compiled extension (`CUDAExtension(name=...)` /
+  `CppExtension(...)`: amp_C, fused_layer_norm_cuda, syncbn, apex_C, ...), probed like the rest (python-only,
+  each is a ModuleNotFoundError), and its functions: the `m.def("...")` names in its C++/CUDA sources.
 Module paths and names are facts read from the source; no code is copied.
 
 It then rewrites MIGRATION.md's module table (between its "apex tree" markers) from the table;
@@ -51,6 +53,7 @@ HAND_WRITTEN = ("absent at", "apexlite only")
 NEW = "new"
 _SKIPPED_DIRS = re.compile(r"^(tests?|.*_tests|examples|csrc)$")
 _SKIPPED_FILES = re.compile(r"^test(_.*)?\.py$")
+_PYBIND_DEF = re.compile(r'm\.def\(\s*"(\w+)"')
 
 Binding = Tuple[str, Optional[str]]  # (ast kind, origin "apex.x.y.name" for a name imported from inside apex)
 
@@ -170,10 +173,31 @@ def read_bindings(modules: Dict[str, Path]) -> Dict[str, Dict[str, Binding]]:
     return result
 
 
-def amp_c_kernels(apex_src: Path) -> List[str]:
-    """The functions apex's amp_C extension defines (its pybind `m.def` names)."""
-    text = (apex_src / "csrc" / "amp_C_frontend.cpp").read_text(encoding="utf-8")
-    return sorted(set(re.findall(r'm\.def\(\s*"(\w+)"', text)))
+def _extension_calls(setup: ast.Module):
+    """(name, sources expression) of every CUDAExtension/CppExtension call in apex's setup.py."""
+    for node in ast.walk(setup):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("CUDAExtension", "CppExtension"):
+            keywords = {keyword.arg: keyword.value for keyword in node.keywords}
+            name = keywords.get("name", node.args[0] if node.args else None)
+            sources = keywords.get("sources", node.args[1] if len(node.args) > 1 else None)
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                yield name.value, sources
+
+
+def extensions(apex_src: Path) -> Dict[str, List[str]]:
+    """Top-level extension module -> the functions its C++/CUDA sources define (their pybind `m.def` names).
+
+    The sources are the string literals of the extension's `sources` argument, glob patterns expanded."""
+    found: Dict[str, List[str]] = {}
+    for name, sources in _extension_calls(ast.parse((apex_src / "setup.py").read_text(encoding="utf-8"))):
+        patterns = [node.value for node in (ast.walk(sources) if sources is not None else ())
+                    if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+        files = sorted({path for pattern in patterns for path in apex_src.glob(pattern)
+                        if path.suffix in (".cpp", ".cu")})
+        functions = {function for path in files for function in _PYBIND_DEF.findall(
+            path.read_text(encoding="utf-8", errors="replace"))}
+        found[name] = sorted(set(found.get(name, [])) | functions)
+    return found
 
 
 def probe(apex_src: Path, modules: List[str], python: str, jobs: int) -> Dict[str, dict]:
@@ -191,8 +215,9 @@ def _canonical(rows: Dict[str, Dict[str, str]], name: str) -> str:
     return name
 
 
-def build_rows(apex_src: Path, modules: Dict[str, Path], report: Dict[str, dict]) -> Dict[str, Dict[str, str]]:
-    """name -> row (without apexlite's columns) for every module, public name and amp_C kernel."""
+def build_rows(modules: Dict[str, Path], compiled: Dict[str, List[str]],
+               report: Dict[str, dict]) -> Dict[str, Dict[str, str]]:
+    """name -> row (without apexlite's columns) for every module, public name, extension module and its functions."""
     rows: Dict[str, Dict[str, str]] = {}
     for module, path in modules.items():
         outcome = report[module]
@@ -227,10 +252,12 @@ def build_rows(apex_src: Path, modules: Dict[str, Path], report: Dict[str, dict]
         if rows[full]["kind"] == "import":
             rows[full]["kind"] = {"module": "submodule", "package": "submodule", "import": "name"}.get(
                 target_kind, target_kind)
-    rows["amp_C"] = {"name": "amp_C", "kind": "module", "apex": report["amp_C"].get("error", "imports"),
-                     "same_as": ""}
-    for kernel in amp_c_kernels(apex_src):
-        rows[f"amp_C.{kernel}"] = {"name": f"amp_C.{kernel}", "kind": "function", "apex": "", "same_as": ""}
+    for extension, functions in compiled.items():
+        rows[extension] = {"name": extension, "kind": "module", "apex": report[extension].get("error", "imports"),
+                           "same_as": ""}
+        for function in functions:
+            full = f"{extension}.{function}"
+            rows[full] = {"name": full, "kind": "function", "apex": "", "same_as": ""}
     return rows
 
 
@@ -309,13 +336,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.apex_src is None:
         parser.error("APEX_SRC is needed (or --migration-only)")
     modules = discover_modules(args.apex_src)
-    report = probe(args.apex_src, sorted(modules) + ["amp_C"], args.python, args.jobs)
-    rows, dropped = merge(build_rows(args.apex_src, modules, report), read_table(args.out))
+    compiled = extensions(args.apex_src)
+    report = probe(args.apex_src, sorted(modules) + sorted(compiled), args.python, args.jobs)
+    rows, dropped = merge(build_rows(modules, compiled, report), read_table(args.out))
     write_table(args.out, rows)
     if args.migration is not None:
         write_migration(args.migration, args.out)
     new = sum(row["status"] == NEW for row in rows)
-    print(f"{args.out}: {len(rows)} rows ({len(modules)} apex modules), {new} new; probed with "
+    print(f"{args.out}: {len(rows)} rows ({len(modules)} apex modules, {len(compiled)} extension modules), {new} "
+          "new; probed with "
           f"torch {report['__environment__']['torch']}", file=sys.stderr)
     for name in dropped:
         print(f"dropped (no longer in apex's source): {name}", file=sys.stderr)

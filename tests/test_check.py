@@ -16,6 +16,7 @@ import pytest
 
 from apexlite import api_status, check
 from apexlite.compat import apex_tree
+from apexlite.compat.child_path.sitecustomize import LEGACY_TOP_LEVEL, REFUSED_EXTENSIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -186,6 +187,7 @@ def test_check_imports_no_compat_module():
 # --- MIGRATION.md's tables and the status table agree ---------------------------------------------------------
 
 _FULL_PREFIXES = ("apex.", "amp_C.", "torch.")
+_EXTENSIONS = LEGACY_TOP_LEVEL + REFUSED_EXTENSIONS  # apex's top-level modules: apex, amp_C, fused_layer_norm_cuda...
 
 
 def _migration_rows():
@@ -208,6 +210,8 @@ def _migration_rows():
 def _qualify(section, name):
     if name.startswith(_FULL_PREFIXES) or name in ("apex", "amp_C"):
         return name
+    if not section.startswith("apex.") and name.split(".")[0] in _EXTENSIONS:
+        return name  # a section on apex's extension modules names them in full
     assert section.startswith("apex."), f"{name!r} in a section without a module needs its full name"
     parent, _, leaf = section.rpartition(".")
     return f"{parent}.{name}" if name.startswith(leaf + ".") else f"{section}.{name}"
@@ -357,3 +361,41 @@ def test_cli_device_path_from_the_command_line_prints_one_line(tmp_path):
                             text=True, timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     assert result.returncode == 4
     assert result.stderr.strip() == "apexlite check: /dev/null is a character device, not a Python script"
+
+
+EXTENSIONS_SAMPLE = textwrap.dedent("""
+    import importlib
+    import torch
+    import syncbn
+    from fused_adam_cuda import maybe_cast
+    import xentropy_cuda
+    fused_layer_norm_extension = None
+
+
+    class FusedLayerNormAffineFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, input, weight, bias, shape, eps):
+            return fused_layer_norm_extension.forward_affine(input, shape, weight, bias, eps)[0]
+
+
+    class MixedFusedLayerNorm(torch.nn.Module):
+        def __init__(self):
+            global fused_layer_norm_extension
+            fused_layer_norm_extension = importlib.import_module("fused_layer_norm_cuda")
+
+    syncbn.welford_mean_var(torch.zeros(2, 3))
+    apex_C = __import__("apex_C")
+""")
+
+
+def test_scan_follows_apexs_extension_modules_imported_by_name_or_by_importlib():
+    rows = _statuses(EXTENSIONS_SAMPLE)
+    # bound in a constructor below the Function that uses it, as Megatron-LM's fused layer norm does
+    assert rows["fused_layer_norm_cuda.forward_affine"][0] == [13]
+    assert rows["fused_layer_norm_cuda.forward_affine"][1] == apex_tree.tree().status_text("fused_layer_norm_cuda")
+    assert rows["fused_layer_norm_cuda"][0] == [19]
+    assert rows["syncbn.welford_mean_var"][0] == [21] and rows["syncbn.welford_mean_var"][1].startswith("differs: ")
+    assert rows["fused_adam_cuda.maybe_cast"][1].startswith("unsupported: ")
+    assert rows["xentropy_cuda"][1].startswith("refused: ") and "cross_entropy" in rows["xentropy_cuda"][1]
+    assert rows["apex_C"] == ([22], "supported")
+    assert check._exit_status(check.scan(EXTENSIONS_SAMPLE)) == 1

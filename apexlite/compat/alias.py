@@ -1,9 +1,10 @@
 """`python -m apexlite alias install|uninstall|status`: apexlite as `apex` for a whole Python environment.
 
 `install` writes, into the site-packages of the Python that runs it (its `sys.prefix`), stand-in
-packages `apex/` and `amp_C/` and an `apex` distribution (`apex-0.1+apexlite.dist-info`, so
+packages `apex/`, `amp_C/` and one for each other top-level module of apex that apexlite implements
+(`fused_layer_norm_cuda/`, `syncbn/`, ...), and an `apex` distribution (`apex-0.1+apexlite.dist-info`, so
 `importlib.metadata.version("apex")` and pip see it). Every interpreter of that environment, and
-every process any of them starts, then resolves `import apex` / `import amp_C` to apexlite: the
+every process any of them starts, then resolves `import apex` / `import amp_C` / ... to apexlite: the
 stand-in hands the import to apexlite's import hook (hook.replace_stand_in, as child_path's
 stand-ins do). Nothing runs at interpreter start-up, so start-up costs nothing (BENCHMARKS.md).
 It refuses where a real apex is installed. What it wrote is recorded (with hashes) in the
@@ -29,9 +30,10 @@ from apexlite.compat.install import is_stand_in
 RECORD_NAME = "apexlite_alias.json"  # apexlite's own record of what install wrote, inside the dist-info
 USAGE = """usage: python -m apexlite alias install|uninstall|status
 
-Makes every Python of this environment ({prefix}) resolve `import apex` and `import amp_C` to apexlite,
-with an `apex` distribution ({version}) in importlib.metadata and pip:
-  install    write stand-in packages apex/ and amp_C/ and the apex dist-info into {site}
+Makes every Python of this environment ({prefix}) resolve `import apex`, `import amp_C` and apex's other
+top-level modules apexlite implements ({modules}) to apexlite, with an `apex` distribution
+({version}) in importlib.metadata and pip:
+  install    write stand-in packages for those modules and the apex dist-info into {site}
              (refused when a real apex is installed here)
   uninstall  remove exactly what install wrote
   status     say what is there and where `import apex` goes; exit status 0 when the alias is in place"""
@@ -145,11 +147,20 @@ def _remove_empty_dirs(site: Path) -> None:
             (site / directory).rmdir()
 
 
+def _missing_from(record: dict) -> List[str]:
+    """What this apexlite's install writes that an alias installed by another version lacks or has otherwise."""
+    recorded = record.get("files", {})
+    return sorted(path for path, data in _planned_files().items()
+                  if path.endswith("__init__.py") and recorded.get(path) != _digest(data))
+
+
 def install(site: Path) -> Tuple[int, str]:
-    """(exit status, message) of `alias install`."""
+    """(exit status, message) of `alias install` (an intact alias written by another apexlite is replaced)."""
     record = _read_record(site)
     if record is not None and set(_file_states(site, record).values()) == {"ok"}:
-        return 0, f"apexlite alias already installed in {site}; nothing to do."
+        if not _missing_from(record):
+            return 0, f"apexlite alias already installed in {site}; nothing to do."
+        uninstall(site)  # exactly what the older install wrote, all unchanged: rewrite it as this apexlite's
     conflicts = real_apex(site)
     if conflicts:
         return 1, ("apexlite alias: refused, a real apex is installed in this environment: " + "; ".join(conflicts)
@@ -159,7 +170,8 @@ def install(site: Path) -> Tuple[int, str]:
         _write_all(site, _planned_files())
     except OSError as error:
         return 1, f"apexlite alias: could not write into {site}: {error}. Nothing was installed."
-    return 0, (f"apexlite alias installed in {site}: `import apex`, `import amp_C` and the apex distribution "
+    return 0, (f"apexlite alias installed in {site}: `import apex`, `import amp_C`, apex's other top-level modules "
+               f"and the apex distribution "
                f"({APEX_DISTRIBUTION_VERSION}) now resolve to apexlite for every Python of {sys.prefix}. "
                "Undo with `python -m apexlite alias uninstall`.")
 
@@ -194,10 +206,14 @@ def status(site: Path) -> Tuple[int, str]:
     states = _file_states(site, record)
     lines = [f"apexlite alias in {site} (apex {record.get('version')}):"]
     lines += [f"  {path}: {state}" for path, state in sorted(states.items())]
+    missing = _missing_from(record)
+    if missing:
+        lines.append(f"  out of date (written by another apexlite): {', '.join(missing)} not as this apexlite "
+                     "writes it; run `python -m apexlite alias install` again")
     conflicts = real_apex(site)
     if conflicts:
         lines.append("  shadowed: " + "; ".join(conflicts))
-    healthy = set(states.values()) == {"ok"} and not conflicts
+    healthy = set(states.values()) == {"ok"} and not conflicts and not missing
     lines.append("  `import apex` resolves to apexlite" if healthy else "  the alias is incomplete or shadowed")
     return (0 if healthy else 1), "\n".join(lines)
 
@@ -208,7 +224,8 @@ ACTIONS = {"install": install, "uninstall": uninstall, "status": status}
 def main(argv: List[str]) -> int:
     """Entry point of `python -m apexlite alias`."""
     site = site_dir()
-    usage = USAGE.format(prefix=sys.prefix, version=APEX_DISTRIBUTION_VERSION, site=site)
+    usage = USAGE.format(prefix=sys.prefix, version=APEX_DISTRIBUTION_VERSION, site=site,
+                         modules=", ".join(LEGACY_TOP_LEVEL[2:]))
     if len(argv) != 1 or argv[0] not in ACTIONS:
         if argv and argv[0] in ("-h", "--help"):
             sys.stdout.write(usage + "\n")

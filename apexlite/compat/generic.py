@@ -24,6 +24,7 @@ from typing import Any, Callable, List
 
 from apexlite.compat import apex_tree
 from apexlite.compat._unsupported import unsupported, unsupported_class, unsupported_object
+from apexlite.compat.child_path.sitecustomize import LEGACY_TOP_LEVEL
 
 COMPAT_PACKAGE = "apexlite.compat"
 _MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
@@ -49,10 +50,19 @@ def refusal(legacy_name: str) -> RefusedImport:
     row = tree.row(legacy_name)
     note = advice(tree.status(legacy_name)[1])
     missing = _MISSING_MODULE.search(row.apex)
-    if missing:
-        message = (f"No module named {missing.group(1)!r}: {legacy_name} needs it and apexlite does not provide it "
+    needed = missing.group(1) if missing else None
+    if needed == legacy_name:  # one of apex's compiled extensions, which apexlite does not implement
+        message = (f"No module named {legacy_name!r}: apexlite does not implement apex's compiled extension "
+                   f"{legacy_name} (an apex built without it had none either). {note}")
+        return RefusedImport(message, name=legacy_name)
+    if needed is not None and needed.partition(".")[0] in LEGACY_TOP_LEVEL:
+        message = (f"{legacy_name} is refused by apexlite: apex needed its compiled extension {needed} here, which "
+                   f"apexlite provides, but apexlite does not implement this module. {note}")
+        return RefusedImport(message, name=legacy_name)
+    if needed is not None:
+        message = (f"No module named {needed!r}: {legacy_name} needs it and apexlite does not provide it "
                    f"(apex without it refused this import the same way). {note}")
-        return RefusedImport(message, name=missing.group(1))
+        return RefusedImport(message, name=needed)
     if row.apex.startswith("absent at"):
         message = f"No module named {legacy_name!r}: it is not in apex any more ({row.apex}). {note}"
     else:

@@ -1,4 +1,5 @@
-"""The import hook behind `apexlite run`: `import apex...` and `import amp_C` resolve to apexlite.compat.
+"""The import hook behind `apexlite run`: `import apex...`, `import amp_C` and apex's other top-level
+modules resolve to apexlite.compat.
 
 The hook is a `sys.meta_path` finder installed only by the runner, in the process that runs the
 script; processes that script starts get it through `child_path` (see there). Nothing in apexlite
@@ -8,8 +9,12 @@ outside `apexlite run`. Aliased modules are the compat modules themselves
 are shared whichever name a script uses. What an apex path resolves to follows apex's tree
 (`apexlite.compat.generic`): apexlite's module when it has one, a placeholder module for what
 python-only apex imported and apexlite does not implement, an ImportError naming the alternative for
-what python-only apex refused, and the normal ModuleNotFoundError for paths apex never had. The
-table behind the last three is read only when a script imports a path apexlite has no file for. While installed, the finder also answers
+what python-only apex refused, and the normal ModuleNotFoundError for paths apex never had. apex's
+compiled extensions (top-level modules such as `fused_layer_norm_cuda`, `syncbn`) that apexlite implements
+resolve to apexlite.compat.<name>; importing one it does not implement raises the ModuleNotFoundError of
+an apex built without it, naming the alternative, unless something else on the path provides it. The
+table behind these answers is read only when a script imports a path apexlite has no file for. While
+installed, the finder also answers
 `importlib.metadata` for the `apex` distribution, so libraries that check for apex by its metadata
 (Hugging Face transformers' `is_apex_available()`) find it.
 """
@@ -25,11 +30,14 @@ import types
 from typing import Dict, Iterator, List, Optional
 
 from apexlite.compat import apex_tree, generic
-from apexlite.compat.child_path.sitecustomize import apex_distributions
+from apexlite.compat.child_path.sitecustomize import LEGACY_TOP_LEVEL, REFUSED_EXTENSIONS, apex_distributions
 
 COMPAT_PACKAGE = "apexlite.compat"
 # legacy top-level name -> module that provides it
-TOP_LEVEL = {"apex": f"{COMPAT_PACKAGE}.apex", "amp_C": f"{COMPAT_PACKAGE}.amp_C"}
+TOP_LEVEL = {name: f"{COMPAT_PACKAGE}.{name}" for name in LEGACY_TOP_LEVEL}
+_REFUSED = frozenset(REFUSED_EXTENSIONS)
+
+
 def target_name(name: str) -> Optional[str]:
     """The apexlite module behind legacy module `name`, or None when `name` is not a legacy name."""
     top, _, rest = name.partition(".")
@@ -76,7 +84,8 @@ class _RefusingLoader(importlib.abc.Loader):
 
 
 class ApexAliasFinder(importlib.abc.MetaPathFinder):
-    """Resolves `apex`, `apex.*` and `amp_C` to apexlite.compat; records the aliases it creates."""
+    """Resolves `apex`, `apex.*`, `amp_C` and apex's other top-level modules to apexlite.compat; records the
+    aliases it creates."""
 
     def __init__(self) -> None:
         self.aliases: List[str] = []
@@ -96,6 +105,8 @@ class ApexAliasFinder(importlib.abc.MetaPathFinder):
                 self.aliases.append(alias)
 
     def find_spec(self, name: str, path=None, target=None) -> Optional[importlib.machinery.ModuleSpec]:
+        if name in _REFUSED:
+            return self._refused_extension(name, path, target)
         if target_name(name) is None:
             return None
         try:
@@ -113,6 +124,15 @@ class ApexAliasFinder(importlib.abc.MetaPathFinder):
         self._publish_loaded(name)
         self.aliases.append(name)
         return importlib.machinery.ModuleSpec(name, _AliasLoader(module), is_package=hasattr(module, "__path__"))
+
+    def _refused_extension(self, name: str, path, target) -> Optional[importlib.machinery.ModuleSpec]:
+        """A refusing spec for an apex extension apexlite does not implement, unless another finder has it."""
+        for finder in sys.meta_path:
+            if finder is self or is_apexlite_finder(finder) or not hasattr(finder, "find_spec"):
+                continue
+            if finder.find_spec(name, path, target) is not None:
+                return None  # a real build of it is installed: leave it to the import system
+        return importlib.machinery.ModuleSpec(name, _RefusingLoader(name))
 
     def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
         """`importlib.metadata`'s question: the `apex` distribution (version 0.1+apexlite) while installed."""
@@ -141,8 +161,8 @@ def replace_stand_in(name: str) -> None:
     system hands the importer whatever `sys.modules[name]` holds when the stand-in finishes.
     """
     if name not in TOP_LEVEL:
-        raise ImportError(f"{name} is a stand-in for a legacy top-level module; import "
-                          f"{' or '.join(TOP_LEVEL)} instead (under `python -m apexlite run`).")
+        raise ImportError(f"{name} is a stand-in for a legacy top-level module; import one of "
+                          f"{', '.join(TOP_LEVEL)} instead (under `python -m apexlite run`).")
     ensure_installed()
     del sys.modules[name]
     importlib.import_module(name)

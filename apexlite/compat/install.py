@@ -51,7 +51,8 @@ def is_stand_in(path: str) -> bool:
 
 
 def install() -> None:
-    """Make `import apex` and `import amp_C` resolve to apexlite here and in every process started after.
+    """Make `import apex`, `import amp_C` and apex's other top-level modules (`fused_layer_norm_cuda`, ...)
+    resolve to apexlite here and in every process started after.
 
     Call it once, before anything imports apex: in a notebook's first cell, or at the top of a script
     that a launcher (accelerate, deepspeed, torchrun, Ray or SLURM workers) starts. It puts apexlite's
@@ -60,8 +61,8 @@ def install() -> None:
     processes install the same hook at start-up. `importlib.metadata` then reports an `apex`
     distribution (0.1+apexlite). Idempotent: a second call changes nothing. Logs one INFO line.
 
-    Raises RuntimeError when `apex` or `amp_C` was already imported from elsewhere in this process:
-    those objects cannot be swapped for apexlite's afterwards.
+    Raises RuntimeError when `apex` or one of those modules was already imported from elsewhere in this
+    process: those objects cannot be swapped for apexlite's afterwards.
     """
     elsewhere = _imported_elsewhere()
     if elsewhere:
@@ -84,8 +85,9 @@ def install() -> None:
         log.debug("apexlite.install(): already installed in this process or inherited from its parent")
         return
     shadowed = _real_apex_location()
-    log.info("apexlite.install(): `import apex` and `import amp_C` now resolve to apexlite in this process and "
-             "in the Python processes it starts%s", f" (shadowing the apex at {shadowed})" if shadowed else "")
+    log.info("apexlite.install(): `import apex`, `import amp_C` and apex's other top-level modules now resolve to "
+             "apexlite in this process and in the Python processes it starts%s",
+             f" (shadowing the apex at {shadowed})" if shadowed else "")
 
 
 def _put_hook_first() -> bool:

@@ -6,6 +6,7 @@ included), so what the alias writes lands in the fresh venv's own site-packages,
 """
 import hashlib
 import importlib.machinery
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from apexlite.compat import alias
+from apexlite.compat.child_path.sitecustomize import LEGACY_TOP_LEVEL
+from tests.compat.test_extension_modules import check_megatron_report
+
 TIMEOUT_S = 180
+MEGATRON_KERNELS = Path(__file__).parent / "_scripts" / "megatron_fused_kernels.py"
 COMPAT = "apexlite.compat.apex"
 BASE_PTH = "apexlite_test_base.pth"
 
@@ -93,12 +99,17 @@ def test_alias_install_resolves_everywhere_then_uninstall_leaves_the_venv_as_fou
                             cwd=tmp_path, env=_env())
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        f"{COMPAT} apexlite.compat.amp_C apexlite.normalization 0.1+apexlite ['apex', 'amp_C'] apexlite",
+        f"{COMPAT} apexlite.compat.amp_C apexlite.normalization.modules 0.1+apexlite {list(LEGACY_TOP_LEVEL)} "
+        "apexlite",
         f"spawn {COMPAT}",
         f"subprocess {COMPAT}",
     ]
     status = _alias(python, "status", tmp_path)
     assert status.returncode == 0 and "`import apex` resolves to apexlite" in status.stdout, status.stderr
+    megatron = subprocess.run([str(python), str(MEGATRON_KERNELS)], capture_output=True, text=True,
+                              timeout=TIMEOUT_S, cwd=tmp_path, env=_env())  # imports by name, importlib included
+    assert megatron.returncode == 0, megatron.stderr
+    check_megatron_report(json.loads(megatron.stdout.strip().splitlines()[-1]))
     again = _alias(python, "install", tmp_path)
     assert again.returncode == 0 and "already installed" in again.stdout
 
@@ -145,3 +156,22 @@ def test_alias_usage():
     result = subprocess.run([sys.executable, "-m", "apexlite", "alias"], capture_output=True, text=True,
                             timeout=TIMEOUT_S, env=_env())
     assert result.returncode == 2 and "install|uninstall|status" in result.stderr
+
+
+def test_an_alias_from_an_older_apexlite_is_reported_and_replaced_by_install(tmp_path, monkeypatch):
+    """An alias written when apexlite provided fewer top-level modules: status says so, install rewrites it,
+    uninstall then leaves the directory as found."""
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    with monkeypatch.context() as older:
+        older.setattr(alias, "LEGACY_TOP_LEVEL", ("apex", "amp_C"))
+        assert alias.install(site)[0] == 0
+    assert not (site / "fused_layer_norm_cuda").exists()
+    code, report = alias.status(site)
+    assert code == 1 and "out of date" in report and "fused_layer_norm_cuda/__init__.py" in report
+    code, message = alias.install(site)
+    assert code == 0 and "installed" in message
+    assert all((site / name / "__init__.py").is_file() for name in LEGACY_TOP_LEVEL)
+    assert alias.status(site)[0] == 0
+    assert alias.uninstall(site)[0] == 0
+    assert list(site.iterdir()) == []

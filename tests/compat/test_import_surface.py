@@ -194,7 +194,8 @@ CONSISTENCY_PROBE = textwrap.dedent("""
 
 @pytest.mark.parametrize("first_import", ["import amp_C", "import apex", "from apex import amp",
                                           "import apex.optimizers", "from apex.amp import _amp_state",
-                                          "import apex.fp16_utils; import amp_C"])
+                                          "import apex.fp16_utils; import amp_C",
+                                          "import fused_layer_norm_cuda; import apex.normalization; import syncbn"])
 def test_each_compat_module_loads_once_whichever_legacy_name_comes_first(first_import):
     """A fresh process: the legacy name, the compat name and the package attribute are one module object."""
     result = subprocess.run([sys.executable, "-c", CONSISTENCY_PROBE, first_import], capture_output=True,

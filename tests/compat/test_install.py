@@ -65,7 +65,7 @@ CHILDREN_SCRIPT = textwrap.dedent("""
         loader = torch.utils.data.DataLoader(Dataset(), num_workers=1, multiprocessing_context="spawn")
         print("dataloader", next(iter(loader))[0])
 """)
-FULL = f"{COMPAT} apexlite.compat.amp_C 0.1+apexlite apexlite.normalization"
+FULL = f"{COMPAT} apexlite.compat.amp_C 0.1+apexlite apexlite.normalization.modules"
 
 
 def _env():

@@ -1,7 +1,8 @@
 """Interpreter start-up of every Python process an `apexlite run` starts (this folder is on its PYTHONPATH).
 
 Python imports `sitecustomize` while it starts; this one puts `DeferredApexFinder` first on
-`sys.meta_path`, so in the child `apex`/`amp_C` resolve to apexlite ahead of anything on `sys.path`
+`sys.meta_path`, so in the child `apex`, `amp_C` and apex's other top-level modules (LEGACY_TOP_LEVEL,
+REFUSED_EXTENSIONS below) resolve to apexlite ahead of anything on `sys.path`
 (a local `apex/` folder next to the child's script included), as they do in the run's own process,
 and `importlib.metadata` finds the `apex` distribution there too. It imports nothing from apexlite (or
 torch) until a legacy name is imported, so children that never touch apex start as fast as before.
@@ -19,7 +20,22 @@ import pathlib
 import re
 import sys
 
-LEGACY_TOP_LEVEL = ("apex", "amp_C")
+# apex's top-level modules apexlite provides: the apex package and the compiled extensions it implements
+# (apexlite/compat/<name>.py); tests/compat/test_extension_modules.py checks these against apex_tree.tsv
+LEGACY_TOP_LEVEL = (
+    "apex", "amp_C", "apex_C", "fused_adam_cuda", "fused_lamb_cuda", "fused_layer_norm_cuda",
+    "fused_weight_gradient_mlp_cuda", "generic_scaled_masked_softmax_cuda", "scaled_masked_softmax_cuda",
+    "scaled_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda", "syncbn",
+)
+# apex's other compiled extensions: under apexlite, importing one that nothing else provides raises the
+# ModuleNotFoundError of an apex built without it, naming the alternative
+REFUSED_EXTENSIONS = (
+    "_apex_gpu_direct_storage", "_apex_nccl_allocator", "bnp", "cudnn_gbn_lib", "distributed_adam_cuda",
+    "distributed_lamb_cuda", "fast_bottleneck", "fast_layer_norm", "fast_multihead_attn", "fmhalib", "focal_loss_cuda",
+    "fused_conv_bias_relu", "fused_dense_cuda", "fused_index_mul_2d", "fused_rotary_positional_embedding",
+    "group_norm_cuda", "group_norm_v2_cuda", "mlp_cuda", "nccl_p2p_cuda", "peer_memory_cuda", "permutation_search_cuda",
+    "transducer_joint_cuda", "transducer_loss_cuda", "xentropy_cuda",
+)
 # apex's own setup.py said version "0.1"; the local label says who provides it (PEP 440: 0.1 <= this).
 APEX_DISTRIBUTION_VERSION = "0.1+apexlite"
 # what `python -m apexlite alias install` writes into site-packages; found there, it answers for apex itself
@@ -61,7 +77,7 @@ class DeferredApexFinder(importlib.abc.MetaPathFinder):
     """Answers for apex until a legacy module is imported, then hands over to apexlite's import hook."""
 
     def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] not in LEGACY_TOP_LEVEL:
+        if name.partition(".")[0] not in LEGACY_TOP_LEVEL and name not in REFUSED_EXTENSIONS:
             return None
         if self in sys.meta_path:
             sys.meta_path.remove(self)

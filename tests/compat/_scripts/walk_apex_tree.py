@@ -1,6 +1,7 @@
 """Walks the apex tree table's rows of one area against the modules, in a fresh interpreter, under the hook.
 
-    python walk_apex_tree.py AREA      (AREA: "apex.amp", "amp_C", "apex" for apex's top-level rows, ...)
+    python walk_apex_tree.py AREA      (AREA: "apex.amp", "apex" for apex's top-level rows, ..., "extensions"
+                                        for apex's compiled extension modules: amp_C, fused_layer_norm_cuda, ...)
 
 Prints one JSON line `RESULTS {row name: problem}`; an empty problem means the row holds:
 - a module python-only apex imported (status supported / differs / unsupported) imports, and so does
@@ -25,11 +26,12 @@ from apexlite.compat.generic import advice
 
 
 def area_of(name: str) -> str:
-    """The walk a row belongs to: its module's first two components (`apex.amp`), or `apex` / `amp_C`."""
+    """The walk a row belongs to: its module's first two components (`apex.amp`), `apex`, or `extensions`
+    for apex's top-level extension modules and their functions (each its own module: one walk for all)."""
     tree = apex_tree.tree()
     row = tree.row(name)
     module = row.name if row.is_module else tree.enclosing_module(row.parent).name
-    return ".".join(module.split(".")[:2])
+    return "extensions" if module.split(".")[0] != "apex" else ".".join(module.split(".")[:2])
 
 
 def resolve(name: str) -> Any:

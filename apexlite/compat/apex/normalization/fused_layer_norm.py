@@ -11,8 +11,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from apexlite import norm_math
-from apexlite.norm_functions import LayerNormWithStatsFunction, RMSNormWithStatsFunction, as_shape
+from apexlite.normalization import kernels
+from apexlite.normalization.functions import LayerNormWithStatsFunction, RMSNormWithStatsFunction, as_shape
 from apexlite.normalization import (  # noqa: F401  (apex's names)
     FusedLayerNorm, FusedLayerNormAffineFunction, FusedLayerNormAffineMixedDtypesFunction, FusedLayerNormFunction,
     FusedRMSNorm, FusedRMSNormAffineFunction, FusedRMSNormAffineMixedDtypesFunction, FusedRMSNormFunction,
@@ -72,14 +72,14 @@ def fused_layer_norm_affine_bwd(grad_output: Tensor, mean: Tensor, invvar: Tenso
                                 normalized_shape: List[int], weight: Tensor, bias: Tensor, eps: float,
                                 memory_efficient: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """(grad_input, grad_weight, grad_bias) from the forward's statistics and saved input (or output)."""
-    return norm_math.layer_norm_backward(grad_output, mean, invvar, input_or_output, as_shape(normalized_shape),
+    return kernels.layer_norm_backward(grad_output, mean, invvar, input_or_output, as_shape(normalized_shape),
                                          weight, bias, eps, memory_efficient)
 
 
 def fused_layer_norm_bwd(grad_output: Tensor, mean: Tensor, invvar: Tensor, input_or_output: Tensor,
                          normalized_shape: List[int], eps: float, memory_efficient: bool = False) -> Tensor:
     """grad_input of a LayerNorm without parameters."""
-    return norm_math.layer_norm_backward(grad_output, mean, invvar, input_or_output, as_shape(normalized_shape),
+    return kernels.layer_norm_backward(grad_output, mean, invvar, input_or_output, as_shape(normalized_shape),
                                          None, None, eps, memory_efficient)[0]
 
 
@@ -87,21 +87,21 @@ def fused_rms_norm_affine_bwd(grad_output: Tensor, invvar: Tensor, input_or_outp
                               normalized_shape: List[int], weight: Tensor, eps: float,
                               memory_efficient: bool = False) -> Tuple[Tensor, Tensor]:
     """(grad_input, grad_weight) of an RMSNorm with a weight."""
-    return norm_math.rms_norm_backward(grad_output, invvar, input_or_output, as_shape(normalized_shape), weight,
+    return kernels.rms_norm_backward(grad_output, invvar, input_or_output, as_shape(normalized_shape), weight,
                                        eps, memory_efficient)
 
 
 def fused_rms_norm_bwd(grad_output: Tensor, invvar: Tensor, input_or_output: Tensor, normalized_shape: List[int],
                        eps: float, memory_efficient: bool = False) -> Tensor:
     """grad_input of an RMSNorm without a weight."""
-    return norm_math.rms_norm_backward(grad_output, invvar, input_or_output, as_shape(normalized_shape), None,
+    return kernels.rms_norm_backward(grad_output, invvar, input_or_output, as_shape(normalized_shape), None,
                                        eps, memory_efficient)[0]
 
 
 # --- shape functions (empty results with the shapes and dtypes of the real ones) ---------------------
 def _empty_stats(input: Tensor, normalized_shape: List[int]) -> Tensor:
     rows = input.numel() // max(torch.Size(as_shape(normalized_shape)).numel(), 1)
-    return torch.empty([rows], dtype=norm_math.stats_dtype(input.dtype), device=input.device)
+    return torch.empty([rows], dtype=kernels.stats_dtype(input.dtype), device=input.device)
 
 
 def fused_layer_norm_affine_fwd_fake(input: Tensor, weight: Tensor, bias: Tensor, normalized_shape: List[int],

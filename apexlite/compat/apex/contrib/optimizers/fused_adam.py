@@ -122,56 +122,66 @@ class FusedAdam(torch.optim.Optimizer):
         return clip * scale if clip > 1 else scale
 
     def _step_group(self, group: Dict[str, Any], entries: List[Entry], combined_scale: float) -> None:
-        buckets: Dict[Tuple, List[Entry]] = defaultdict(list)
-        for entry in entries:
-            param, grad, output, state = entry
-            fused = self.eps_mode == 1 and is_dense(param) and (output is None or output.stride() == param.stride())
-            key = (state["step"], param.dtype, grad.dtype, None if output is None else output.dtype, fused)
-            buckets[key].append(entry)
-        for (step, *_, fused), bucket in buckets.items():
-            if fused:
-                self._fused_update(group, bucket, step, combined_scale)
-            else:
-                for param, grad, output, state in bucket:
-                    _eps_rule_update(group, param, grad, output, state, step, combined_scale, self.eps_mode)
+        update_2019(group, entries, combined_scale, self.eps_mode)
 
-    @staticmethod
-    def _fused_update(group: Dict[str, Any], bucket: List[Entry], step: int, combined_scale: float) -> None:
-        """eps outside the root: apexlite's Adam with eps' = eps/sqrt(c2) and decay' = decay*sqrt(c2)/c1."""
-        beta1, beta2 = group["betas"]
-        eps, decay = group["eps"], group["weight_decay"]
-        if group["bias_correction"]:
-            root_c2 = math.sqrt(1 - beta2 ** step)
-            eps, decay = eps / root_c2, decay * root_c2 / (1 - beta1 ** step)
-        params = [param for param, _, _, _ in bucket]
-        pairs = [(param, output) for param, _, output, _ in bucket if output is not None and output is not param]
-        narrowing = (len(pairs) == len(bucket) and params[0].dtype == torch.float32
-                     and pairs[0][1].dtype in (torch.float16, torch.bfloat16))
-        copies = [output for _, output in pairs] if narrowing else []  # written by the fused step itself
-        device = params[0].device
-        path = fused_adam_step(
-            params, [with_layout(grad, param) for param, grad, _, _ in bucket],
-            [state["exp_avg"] for *_, state in bucket], [state["exp_avg_sq"] for *_, state in bucket],
-            list(torch.full((len(bucket),), float(step - 1), device=device).unbind(0)), copies,
-            lr=group["lr"], beta1=beta1, beta2=beta2, eps=eps, weight_decay=decay,
-            bias_correction=group["bias_correction"], adam_w_mode=True,
-            grad_scale=None if combined_scale == 1.0 else torch.full((1,), combined_scale, device=device))
-        if path != "reference":
-            bump_versions(params + copies)
-        if not narrowing:
-            for param, output in pairs:
-                output.copy_(param)
+
+def update_2019(group: Dict[str, Any], entries: List[Entry], combined_scale: float, eps_mode: int) -> None:
+    """The 2019 rule (module docstring) on every (param, grad, output copy or None, state) of `entries`;
+    `group` holds lr, betas, eps, weight_decay and bias_correction, each state step, exp_avg and exp_avg_sq.
+    Also the rule behind apexlite's `fused_adam_cuda` module."""
+    buckets: Dict[Tuple, List[Entry]] = defaultdict(list)
+    for entry in entries:
+        param, grad, output, state = entry
+        fused = (eps_mode == 1 and param.dtype is not torch.float64 and is_dense(param)
+                 and (output is None or output.stride() == param.stride()))
+        key = (state["step"], param.dtype, grad.dtype, None if output is None else output.dtype, fused)
+        buckets[key].append(entry)
+    for (step, *_, fused), bucket in buckets.items():
+        if fused:
+            _fused_update(group, bucket, step, combined_scale)
+        else:
+            for param, grad, output, state in bucket:
+                _eps_rule_update(group, param, grad, output, state, step, combined_scale, eps_mode)
+
+
+def _fused_update(group: Dict[str, Any], bucket: List[Entry], step: int, combined_scale: float) -> None:
+    """eps outside the root: apexlite's Adam with eps' = eps/sqrt(c2) and decay' = decay*sqrt(c2)/c1."""
+    beta1, beta2 = group["betas"]
+    eps, decay = group["eps"], group["weight_decay"]
+    if group["bias_correction"]:
+        root_c2 = math.sqrt(1 - beta2 ** step)
+        eps, decay = eps / root_c2, decay * root_c2 / (1 - beta1 ** step)
+    params = [param for param, _, _, _ in bucket]
+    pairs = [(param, output) for param, _, output, _ in bucket if output is not None and output is not param]
+    narrowing = (len(pairs) == len(bucket) and params[0].dtype == torch.float32
+                 and pairs[0][1].dtype in (torch.float16, torch.bfloat16))
+    copies = [output for _, output in pairs] if narrowing else []  # written by the fused step itself
+    device = params[0].device
+    path = fused_adam_step(
+        params, [with_layout(grad, param) for param, grad, _, _ in bucket],
+        [state["exp_avg"] for *_, state in bucket], [state["exp_avg_sq"] for *_, state in bucket],
+        list(torch.full((len(bucket),), float(step - 1), device=device).unbind(0)), copies,
+        lr=group["lr"], beta1=beta1, beta2=beta2, eps=eps, weight_decay=decay,
+        bias_correction=group["bias_correction"], adam_w_mode=True,
+        grad_scale=None if combined_scale == 1.0 else torch.full((1,), combined_scale, device=device))
+    if path != "reference":
+        bump_versions(params + copies)
+    if not narrowing:
+        for param, output in pairs:
+            output.copy_(param)
 
 
 def _eps_rule_update(group: Dict[str, Any], param: torch.Tensor, grad: torch.Tensor, output: Optional[torch.Tensor],
                      state: dict, step: int, combined_scale: float, eps_mode: int) -> None:
-    """The 2019 rule on torch ops, for eps inside the root (and layouts the fused step does not take)."""
+    """The 2019 rule on torch ops, for eps inside the root (and layouts the fused step does not take), in
+    fp32 (float64 params in float64)."""
     beta1, beta2 = group["betas"]
     step_size = group["lr"]
     if group["bias_correction"]:
         step_size = step_size * math.sqrt(1 - beta2 ** step) / (1 - beta1 ** step)
-    g = grad.float() / combined_scale
-    p = param.float()
+    compute = torch.float64 if param.dtype is torch.float64 else torch.float32
+    g = grad.to(compute) / combined_scale
+    p = param.to(compute)
     m = state["exp_avg"].mul_(beta1).add_(g, alpha=1 - beta1)
     v = state["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1 - beta2)
     denom = (v + group["eps"]).sqrt() if eps_mode == 0 else v.sqrt().add_(group["eps"])

@@ -1,4 +1,5 @@
-"""apex's fused LayerNorm/RMSNorm autograd Functions, on the torch-op maths of norm_math.
+"""apex's fused LayerNorm/RMSNorm autograd Functions and the functions that call them, on the torch-op
+maths of `kernels`.
 
 Each Function takes apex's forward arguments in apex's order and is used through `.apply`, as
 libraries written against apex call them. The `*Affine*` ones take a weight (and LayerNorm a bias)
@@ -6,6 +7,10 @@ and return the input's dtype; the `*MixedDtypes*` ones return the weight's dtype
 `memory_efficient` the output is saved for the backward instead of the input (apex's trade: less
 memory, the normalised values recovered from the output). The `*WithStats` Functions also return
 the flat statistics, for apex's `*_fwd` operator functions.
+
+The functions (`fused_layer_norm_affine`, ...) are apex's functional API: under torch.autocast they
+first cast their floating arguments (not float64) to the autocast dtype, as apex's did, then run the
+Function with autocast off.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 
-from apexlite import norm_math
+from apexlite.normalization import kernels
 
 Shape = Union[int, Sequence[int], torch.Size]
 
@@ -31,8 +36,8 @@ def _layer_norm_forward(ctx: Any, input: torch.Tensor, weight: Optional[torch.Te
                         normalized_shape: Shape, eps: float, memory_efficient: bool,
                         out_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     shape = as_shape(normalized_shape)
-    norm_math.check_shapes(input, shape, weight, bias)
-    output, mean, invvar = norm_math.layer_norm_forward(input, shape, weight, bias, eps, out_dtype)
+    kernels.check_shapes(input, shape, weight, bias)
+    output, mean, invvar = kernels.layer_norm_forward(input, shape, weight, bias, eps, out_dtype)
     ctx.normalized_shape, ctx.eps, ctx.memory_efficient = shape, eps, bool(memory_efficient)
     ctx.input_dtype = input.dtype
     if memory_efficient:
@@ -44,7 +49,7 @@ def _layer_norm_forward(ctx: Any, input: torch.Tensor, weight: Optional[torch.Te
 
 def _layer_norm_grads(ctx: Any, grad_output: torch.Tensor):
     input_or_output, weight, bias, mean, invvar = ctx.saved_tensors
-    grad_input, grad_weight, grad_bias = norm_math.layer_norm_backward(
+    grad_input, grad_weight, grad_bias = kernels.layer_norm_backward(
         grad_output, mean, invvar, input_or_output, ctx.normalized_shape, weight, bias, ctx.eps,
         ctx.memory_efficient)
     return grad_input.to(ctx.input_dtype), grad_weight, grad_bias
@@ -101,8 +106,8 @@ class LayerNormWithStatsFunction(torch.autograd.Function):
 def _rms_norm_forward(ctx: Any, input: torch.Tensor, weight: Optional[torch.Tensor], normalized_shape: Shape,
                       eps: float, memory_efficient: bool, out_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     shape = as_shape(normalized_shape)
-    norm_math.check_shapes(input, shape, weight)
-    output, invvar = norm_math.rms_norm_forward(input, shape, weight, eps, out_dtype)
+    kernels.check_shapes(input, shape, weight)
+    output, invvar = kernels.rms_norm_forward(input, shape, weight, eps, out_dtype)
     ctx.normalized_shape, ctx.eps, ctx.memory_efficient = shape, eps, bool(memory_efficient)
     ctx.input_dtype = input.dtype
     ctx.save_for_backward(output if memory_efficient else input, weight, invvar)
@@ -111,7 +116,7 @@ def _rms_norm_forward(ctx: Any, input: torch.Tensor, weight: Optional[torch.Tens
 
 def _rms_norm_grads(ctx: Any, grad_output: torch.Tensor):
     input_or_output, weight, invvar = ctx.saved_tensors
-    grad_input, grad_weight = norm_math.rms_norm_backward(grad_output, invvar, input_or_output, ctx.normalized_shape,
+    grad_input, grad_weight = kernels.rms_norm_backward(grad_output, invvar, input_or_output, ctx.normalized_shape,
                                                           weight, ctx.eps, ctx.memory_efficient)
     return grad_input.to(ctx.input_dtype), grad_weight
 
@@ -160,3 +165,67 @@ class RMSNormWithStatsFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output, grad_invvar):
         return (*_rms_norm_grads(ctx, grad_output), None, None, None)
+
+
+# --- the functional API ---------------------------------------------------------------------------
+def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The autocast dtype active for `device_type`, or None (torch >= 2.4 API, with the older fallback)."""
+    try:
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    except (AttributeError, TypeError):  # torch < 2.4: per-device functions for cuda and cpu only
+        if device_type == "cuda":
+            return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+        if device_type == "cpu":
+            return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+        return None
+
+
+def cast_if_autocast_enabled(*args: Any) -> Tuple[Any, ...]:
+    """Under autocast, floating (non-float64) tensors on the autocast device go to its dtype."""
+    device_type = next((arg.device.type for arg in args if isinstance(arg, torch.Tensor)), "cpu")
+    dtype = autocast_dtype(device_type)
+    if dtype is None:
+        return args
+    return tuple(arg.to(dtype) if isinstance(arg, torch.Tensor) and arg.is_floating_point()
+                 and arg.dtype is not torch.float64 and arg.device.type == device_type else arg for arg in args)
+
+
+def fused_layer_norm_affine(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                            normalized_shape: Shape, eps: float = 1e-6, memory_efficient: bool = False) -> torch.Tensor:
+    """LayerNorm with weight and bias; output in the input's dtype."""
+    return FusedLayerNormAffineFunction.apply(
+        *cast_if_autocast_enabled(input, weight, bias, normalized_shape, eps, memory_efficient))
+
+
+def fused_layer_norm(input: torch.Tensor, normalized_shape: Shape, eps: float = 1e-6,
+                     memory_efficient: bool = False) -> torch.Tensor:
+    """LayerNorm without affine parameters; output in the input's dtype."""
+    return FusedLayerNormFunction.apply(*cast_if_autocast_enabled(input, normalized_shape, eps, memory_efficient))
+
+
+def mixed_dtype_fused_layer_norm_affine(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                                        normalized_shape: Shape, eps: float = 1e-6,
+                                        memory_efficient: bool = False) -> torch.Tensor:
+    """LayerNorm with weight and bias; output in the weight's dtype."""
+    return FusedLayerNormAffineMixedDtypesFunction.apply(
+        *cast_if_autocast_enabled(input, weight, bias, normalized_shape, eps, memory_efficient))
+
+
+def fused_rms_norm_affine(input: torch.Tensor, weight: torch.Tensor, normalized_shape: Shape,
+                          eps: float = 1e-6, memory_efficient: bool = False) -> torch.Tensor:
+    """RMSNorm with a weight; output in the input's dtype."""
+    return FusedRMSNormAffineFunction.apply(
+        *cast_if_autocast_enabled(input, weight, normalized_shape, eps, memory_efficient))
+
+
+def fused_rms_norm(input: torch.Tensor, normalized_shape: Shape, eps: float = 1e-6,
+                   memory_efficient: bool = False) -> torch.Tensor:
+    """RMSNorm without a weight; output in the input's dtype."""
+    return FusedRMSNormFunction.apply(*cast_if_autocast_enabled(input, normalized_shape, eps, memory_efficient))
+
+
+def mixed_dtype_fused_rms_norm_affine(input: torch.Tensor, weight: torch.Tensor, normalized_shape: Shape,
+                                      eps: float = 1e-6, memory_efficient: bool = False) -> torch.Tensor:
+    """RMSNorm with a weight; output in the weight's dtype."""
+    return FusedRMSNormAffineMixedDtypesFunction.apply(
+        *cast_if_autocast_enabled(input, weight, normalized_shape, eps, memory_efficient))

@@ -79,24 +79,31 @@ def _defining_location(function: Any) -> Tuple[Any, str]:
     return owner, name
 
 
-class O1FunctionWrapper(wrapt.FunctionWrapper):
+class _PicklesByReference:
+    """What O1's wrappers share: `__reduce__` defers to the class's `__reduce_ex__` (wrapt's proxies
+    refuse both), and a copy is the wrapper itself, as for a function."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple:
+        return self.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+
+    def __copy__(self) -> Any:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        return self
+
+
+class O1FunctionWrapper(_PicklesByReference, wrapt.FunctionWrapper):
     """A patched module function: pickles as getattr(module, name), copies as itself."""
 
     def __reduce_ex__(self, protocol: int) -> tuple:
         owner, name = _location(self)
         return getattr, (_owner_reference(owner, name), name)
 
-    def __reduce__(self) -> tuple:
-        return self.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
 
-    def __copy__(self) -> "O1FunctionWrapper":
-        return self
-
-    def __deepcopy__(self, memo: dict) -> "O1FunctionWrapper":
-        return self
-
-
-class O1BoundMethod(wrapt.BoundFunctionWrapper):
+class O1BoundMethod(_PicklesByReference, wrapt.BoundFunctionWrapper):
     """A patched method read from a tensor (or from its class): pickles as getattr(tensor or class, name)."""
 
     __slots__ = ()
@@ -105,12 +112,6 @@ class O1BoundMethod(wrapt.BoundFunctionWrapper):
         owner, name = getattr(self._self_parent, LOCATION)
         instance = self._self_instance
         return getattr, (_owner_reference(owner, name) if instance is None else instance, name)
-
-    def __reduce__(self) -> tuple:
-        return self.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
-
-    def __copy__(self) -> "O1BoundMethod":
-        return self
 
     def __deepcopy__(self, memo: dict) -> Any:
         """As plain torch deep-copies the method: a builtin's stays itself, a Python method's is bound
@@ -122,7 +123,7 @@ class O1BoundMethod(wrapt.BoundFunctionWrapper):
         return getattr(copied.__self__, getattr(self._self_parent, LOCATION)[1])
 
 
-class O1MethodWrapper(wrapt.FunctionWrapper):
+class O1MethodWrapper(_PicklesByReference, wrapt.FunctionWrapper):
     """A patched method as stored on its class: pickles as inspect.getattr_static(class, name), copies as itself."""
 
     __bound_function_wrapper__ = O1BoundMethod
@@ -130,15 +131,6 @@ class O1MethodWrapper(wrapt.FunctionWrapper):
     def __reduce_ex__(self, protocol: int) -> tuple:
         owner, name = getattr(self, LOCATION)
         return inspect.getattr_static, (owner, name)
-
-    def __reduce__(self) -> tuple:
-        return self.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
-
-    def __copy__(self) -> "O1MethodWrapper":
-        return self
-
-    def __deepcopy__(self, memo: dict) -> "O1MethodWrapper":
-        return self
 
 
 def make_function_wrapper(original: Callable, wrapper: Callable,

@@ -112,11 +112,14 @@ class PlainGrads:
     def after_step(self) -> None:
         pass
 
-    def finish_step(self) -> None:
+    def abandon_step(self) -> None:
         pass
 
     def on_skip(self) -> None:
-        pass
+        """Drop the overflowed grads with the step: kept, a later backward would add to them unchecked."""
+        for param in self.params():
+            param.grad = None
+        self._stash = []
 
     def detach(self) -> None:
         self._stash = []
@@ -223,12 +226,14 @@ class AmpOptimizer:
 
     def _skip_step(self) -> None:
         loss_id, scaler = self._pending_skip
-        self._pending_skip = None
-        self._skip.remove()
+        try:
+            self._pending_skip = None
+            self._skip.remove()
+        finally:  # the overflowed grads go whatever happens (they must never reach a later step)
+            self.grads.on_skip()
+        self.session.stats.record_step(skipped=True)
         template = OVERFLOW_MESSAGE if scaler.dynamic else STATIC_OVERFLOW_MESSAGE
         self.session.info(template.format(loss_id, scaler.loss_scale()), all_ranks=True)
-        self.grads.on_skip()
-        self.session.stats.record_step(skipped=True)
         return None
 
     def _run_replaced_step(self, args: tuple, kwargs: dict) -> Any:
@@ -240,10 +245,20 @@ class AmpOptimizer:
             else:
                 result = self._original_step(*args, **kwargs)
         except BaseException:
-            self.grads.finish_step()
+            self._settle_failed_step()
             raise
         self._step_done()
         return result
+
+    def _settle_failed_step(self) -> None:
+        """The step raised (NOTE [the masters are the truth] in master.py). Where its update had finished
+        (a later post-hook raised) it is done as any other step; otherwise the grad strategy makes the
+        model follow whatever the masters hold and keeps the grads for a retry."""
+        if getattr(self.grads, "update_finished", False):
+            self._step_done()
+            return
+        self.session.cache.clear()
+        self.grads.abandon_step()
 
     def _step_done(self) -> None:
         self.grads.after_step()

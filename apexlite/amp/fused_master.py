@@ -14,7 +14,13 @@ NOTE [fused O2 step]
   ``amp.master_params(optimizer)`` is read (clipping): unscaled fp32 grads live on the masters
   (``master.grad``, which the optimizer prefers over the param's) and on the fp32 params, exactly as
   in the separate-masters path, so accumulation happens in fp32 and clipping sees real values.
-- The step, a skipped step and ``zero_grad`` return to fast mode.
+- The step, a skipped step and ``zero_grad`` return to fast mode; a skipped step also drops every
+  grad it would have used.
+- A step that raises before its update finished (a pre-hook, the optimizer part-way through its
+  groups) removes its inputs, copies every master into its half param (NOTE [the masters are the
+  truth] in master.py) and keeps the grads, scaled or fp32, exactly as they were, so a retried
+  step computes what the first would have; one whose update finished (a later post-hook raised)
+  is done as any other.
 """
 from __future__ import annotations
 
@@ -24,8 +30,9 @@ import torch
 
 from apexlite.amp.amp_optimizer import PlainGrads, optimizer_params
 from apexlite.amp.checks import sparse_grad_error
-from apexlite.amp.master import LOW_PRECISION, MASTERS_KEY, check_saved_masters
+from apexlite.amp.master import LOW_PRECISION, MASTERS_KEY, check_saved_masters, copy_into
 from apexlite.amp.o1.patcher import Patcher
+from apexlite.amp.optimizer_step import register_first_post_hook
 from apexlite.amp.scaler import LossScaler
 
 
@@ -52,6 +59,7 @@ class FusedMasterGrads:
         self._stash: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._set_grad_scale = False
         self._own_leave_flag: Any = _ABSENT
+        self.update_finished = False  # set by the step post-hook: this step's update is done
 
     def _half_params(self) -> List[torch.Tensor]:
         return [p for p in optimizer_params(self.optimizer) if p.dtype in LOW_PRECISION]
@@ -143,6 +151,7 @@ class FusedMasterGrads:
         self._stash = []
 
     def before_step(self) -> None:
+        self.update_finished = False
         if not self._fp32_mode and self._grads_scale != 1.0:
             self.optimizer.grad_scale = self._grads_scale
             # the model's half grads stay scaled, as apex left them: no extra write pass in the kernel
@@ -150,11 +159,25 @@ class FusedMasterGrads:
             self.optimizer.leave_grads_scaled = True
             self._set_grad_scale = True
 
+    def after_update(self, optimizer: Any = None, args: Any = None, kwargs: Any = None) -> None:
+        """Step post-hook, the optimizer's first: the update (masters and half copies) is done."""
+        self.update_finished = True
+
     def after_step(self) -> None:
         self.finish_step()
 
+    def abandon_step(self) -> None:
+        """The step raised before its update finished: see NOTE [fused O2 step]."""
+        self._remove_step_inputs()
+        pairs = self.master_pairs()
+        copy_into([p for p, _ in pairs], [m for _, m in pairs])
+
     def finish_step(self) -> None:
-        """Remove the step's inputs whether the step ran, raised or was skipped."""
+        """Remove the step's inputs and return to fast mode (the step ran or was skipped; teardown)."""
+        self._remove_step_inputs()
+        self._leave_fp32_mode()
+
+    def _remove_step_inputs(self) -> None:
         if self._set_grad_scale:
             del self.optimizer.grad_scale
             if self._own_leave_flag is _ABSENT:
@@ -162,10 +185,12 @@ class FusedMasterGrads:
             else:
                 self.optimizer.leave_grads_scaled = self._own_leave_flag
             self._set_grad_scale = False
-        self._leave_fp32_mode()
 
     def on_skip(self) -> None:
+        """Drop the overflowed grads with the step (a later backward would add to them unchecked)."""
         self.finish_step()
+        for param in optimizer_params(self.optimizer):
+            param.grad = None
 
     # --- unscaled fp32 grads for clipping ----------------------------------------------------------
     def master_params(self) -> Iterator[torch.Tensor]:
@@ -185,6 +210,9 @@ class FusedMasterGrads:
     def install(self, patcher: Patcher) -> None:
         self._zero_grad = patcher.set_attribute(self.optimizer, "zero_grad", self.zero_grad)
         self._load_state_dict = patcher.set_attribute(self.optimizer, "load_state_dict", self.load_state_dict)
+        handle = register_first_post_hook(self.optimizer, self.after_update)
+        if handle is not None:
+            patcher.add_handle(handle, f"{type(self.optimizer).__name__} step post-hook (update finished)")
 
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """The optimizer's own zero_grad, which also drops the masters' fp32 grads."""

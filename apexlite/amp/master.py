@@ -8,9 +8,19 @@ NOTE [O2 grad ownership]
   the masters' `.grad` (added to what earlier backward passes left there). The model params' own
   grads stay as backward produced them (scaled), as in apex: clip `amp.master_params(optimizer)`.
 - After an applied step the masters are copied into the model params (which bumps their autograd
-  version, invalidating cached casts); after a skipped step the master grads are dropped.
+  version, invalidating cached casts); a skipped step drops every grad it would have used (a later
+  backward adds to older grads without checking them again).
 - Masters travel in `optimizer.state_dict()` under MASTERS_KEY and are restored by
   `load_state_dict`, so an O2 run resumes bit-identically (apex rebuilt them from fp16 weights).
+
+NOTE [the masters are the truth]
+- The copy into the model runs inside the optimizer's step, as its first step post-hook, so the
+  user's post-hooks (global ones run after the optimizer's) see the updated model, and one that
+  raises (a logging hook's bug, Ctrl-C) cannot leave the model a step behind its masters.
+- A step that raises anywhere else (a pre-hook: nothing updated; the optimizer itself, part-way
+  through its param groups) still ends with the model copied from whatever the masters hold; the
+  master grads stay, so the step can be retried. See AmpOptimizer._settle_failed_step.
+- The copy itself finishes tensor by tensor if the batched copy raises, and then re-raises.
 """
 from __future__ import annotations
 
@@ -23,9 +33,24 @@ from apexlite.amp.checkpoint_convert import MASTERS_KEY
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.errors import AmpUsageError
 from apexlite.amp.o1.patcher import Patcher
+from apexlite.amp.optimizer_step import register_first_post_hook
 from apexlite.amp.scaler import LossScaler
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def copy_into(targets: List[torch.Tensor], sources: List[torch.Tensor]) -> None:
+    """Copy each source into its target. If the batched copy raises, every target is still copied
+    (one by one) before the error propagates: a model is never left part on one step, part on another."""
+    if not targets:
+        return
+    with torch.no_grad():
+        try:
+            torch._foreach_copy_(targets, sources)
+        except BaseException:
+            for target, source in zip(targets, sources):
+                target.copy_(source)
+            raise
 
 
 def check_saved_masters(saved: Any, targets: List[torch.Tensor]) -> None:
@@ -54,6 +79,8 @@ class MasterParams:
         self.model_params: List[torch.Tensor] = []
         self.masters: List[torch.Tensor] = []
         self._fp32_sources = fp32_sources or {}
+        self.update_finished = False  # set by the step post-hook: this step's update is done
+        self._model_follows = False  # ... and the model params hold the updated masters
         for group in optimizer.param_groups:
             self._replace_in_group(group)
         self._fp32_grads = PlainGrads(optimizer, params_fn=self._fp32_params)
@@ -118,24 +145,36 @@ class MasterParams:
         return list(zip(self.model_params, self.masters))
 
     def before_step(self) -> None:
-        pass
+        self.update_finished = False
+        self._model_follows = False
 
-    def finish_step(self) -> None:
-        pass
+    def after_update(self, optimizer: Any = None, args: Any = None, kwargs: Any = None) -> None:
+        """Step post-hook, the optimizer's first: the model follows the masters before any later hook runs."""
+        self.update_finished = True
+        self.copy_masters_to_model()
+        self._model_follows = True
 
     def after_step(self) -> None:
-        self.copy_masters_to_model()
+        if not self._model_follows:  # an optimizer without step hooks, or a hook that raised part-way
+            self.copy_masters_to_model()
+        self._model_follows = False
         for master in self.masters:
             master.grad = None
+
+    def abandon_step(self) -> None:
+        """The step raised before its update finished: the model follows whatever the masters hold
+        (all, some or none of them updated); their grads stay for a retry."""
+        self.copy_masters_to_model()
 
     def on_skip(self) -> None:
-        for master in self.masters:
+        """Drop the overflowed grads (masters', model params', fp32 params') with the step."""
+        for master, param in zip(self.masters, self.model_params):
             master.grad = None
+            param.grad = None
+        self._fp32_grads.on_skip()
 
     def copy_masters_to_model(self) -> None:
-        if self.model_params:
-            with torch.no_grad():
-                torch._foreach_copy_(self.model_params, self.masters)
+        copy_into(self.model_params, self.masters)
 
     # --- optimizer methods patched for O2 -------------------------------------------------------
     def install(self, patcher: Patcher) -> None:
@@ -144,6 +183,9 @@ class MasterParams:
         self._add_param_group = patcher.set_attribute(optimizer, "add_param_group", self.add_param_group)
         self._state_dict = patcher.set_attribute(optimizer, "state_dict", self.state_dict)
         self._load_state_dict = patcher.set_attribute(optimizer, "load_state_dict", self.load_state_dict)
+        handle = register_first_post_hook(optimizer, self.after_update)
+        if handle is not None:
+            patcher.add_handle(handle, f"{type(optimizer).__name__} step post-hook (model follows masters)")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear master grads and the model params' grads (apex cleared only the masters' view)."""

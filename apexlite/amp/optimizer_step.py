@@ -12,6 +12,7 @@ replacement of `optimizer.step` that puts back whatever was there when it is cal
 from __future__ import annotations
 
 import types
+from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 _MISSING = object()
@@ -35,6 +36,19 @@ def has_step_hooks(optimizer: Any) -> bool:
     """True for torch.optim.Optimizer instances (their class's step runs registered step hooks)."""
     return callable(getattr(optimizer, "register_step_pre_hook", None)) and callable(
         getattr(optimizer, "register_step_post_hook", None))
+
+
+def register_first_post_hook(optimizer: Any, hook: Callable[..., None]) -> Optional[Any]:
+    """Register `hook` to run first among the optimizer's step post-hooks (torch runs the optimizer's
+    own before the global ones), so no other post-hook can raise before it. Returns the handle, or
+    None for an optimizer without step hooks."""
+    if not has_step_hooks(optimizer):
+        return None
+    handle = optimizer.register_step_post_hook(hook)
+    registered = getattr(optimizer, "_optimizer_step_post_hooks", None)
+    if isinstance(registered, OrderedDict) and handle.id in registered:
+        registered.move_to_end(handle.id, last=False)
+    return handle
 
 
 def replaces_step(optimizer: Any, has_masters: bool, casts_active: bool) -> bool:

@@ -2,29 +2,33 @@
 
 wrapt's proxies refuse pickling and copying ("object proxy must define __reduce__()"), which broke a
 spawn DataLoader given `collate_fn=torch.stack`, and nn.TransformerEncoder deep-copying a layer that
-holds F.gelu. Each patch records where it is installed (LOCATION) and pickles by reference as the torch
-function it stands for (`reference`); wrapt still holds every patch.
-- A module's function (torch.stack, F.gelu) gets an O1FunctionWrapper, which also copies as itself
-  (copy.copy / copy.deepcopy return it, as they return a function).
-- A class's method (torch.Tensor.mm) keeps wrapt's own FunctionWrapper: every read from a tensor binds
-  a wrapt BoundFunctionWrapper, and a subclass there would add a lookup and a Python-level instance to
-  every Tensor-method call. Its bound wrappers pickle through a copyreg reducer installed with the O1
-  layer (`install_method_pickling`); copying one is refused by wrapt, as before.
+holds F.gelu. Each patch records where it is installed (LOCATION) and pickles as a reference to that
+place, the way Python pickles a function by its qualified name:
+`pickle.loads(pickle.dumps(torch.mm)) is torch.mm` wherever O1 is active (this process, or a worker
+that called `amp.initialize` before unpickling), and torch's own function wherever it is not (a
+spawn worker without amp, or after `deinitialize`). The bytes name only torch and the standard library.
+- A module's function (torch.stack, F.gelu): O1FunctionWrapper, pickled as getattr(module, name);
+  copy.copy / copy.deepcopy return it, as they return a function.
+- A class's method (torch.Tensor.mm): O1MethodWrapper on the class, pickled as
+  inspect.getattr_static(class, name) (the stored wrapper itself, or the original where nothing is
+  patched). Every read from a tensor or from the class binds an O1BoundMethod, pickled as
+  getattr(that tensor or class, name), copied as plain torch copies the method it stands for.
+  (A subclass of wrapt's FunctionWrapper costs one attribute lookup per Tensor-method read, about
+  0.1 µs; copy.copy looks up `__copy__` on the type, so only a subclass can make a binding copyable.)
 """
 from __future__ import annotations
 
-import copyreg
+import copy
 import importlib
+import inspect
 import pickle
+import sys
 import types
 from typing import Any, Callable, Optional, Tuple
 
 import wrapt
 
-from apexlite.amp.o1.patcher import Patcher, resolve
-
 LOCATION = "_self_apexlite_location"  # on a patch: (module or class, attribute name) it is installed at
-_MISSING = object()
 
 
 class _ModuleReference:
@@ -39,21 +43,24 @@ class _ModuleReference:
         return importlib.import_module, (self.name,)
 
 
-def reference(function: Any, location: Optional[Tuple[Any, str]], protocol: int) -> tuple:
-    """The reduce value of a by-reference pickle of `function` (naming only torch and the standard library).
+def _owner_reference(owner: Any, name: str) -> Any:
+    """What a pickle names `owner` by: a class as itself (pickled by its qualified name), a module by
+    its import name. Anything else has no name to be found under in another process."""
+    if isinstance(owner, type):
+        return owner
+    if isinstance(owner, types.ModuleType) and sys.modules.get(owner.__name__) is owner:
+        return _ModuleReference(owner.__name__)
+    raise pickle.PicklingError(
+        f"cannot pickle the O1 wrapper of {name!r} by reference: it is patched on {owner!r}, which is neither "
+        f"a class nor a module importable by its name. Register functions of modules or classes."
+    )
 
-    Torch's builtins and method descriptors reduce to getattr(their defining class, name): that value is
-    used as it is, so they unpickle as the original even where torch is patched. Python-level functions
-    (and builtins of modules) are named by where the patch sits, `location`, else by their module and
-    qualified name: they unpickle as whatever that name holds where they are loaded (the original in a
-    spawn worker).
-    """
-    if not isinstance(function, types.FunctionType):
-        reduced = function.__reduce_ex__(protocol)
-        if isinstance(reduced, tuple):
-            return reduced
-    owner, name = location or _defining_location(function)
-    return getattr, (owner if isinstance(owner, type) else _ModuleReference(owner.__name__), name)
+
+def _location(wrapper: Any) -> Tuple[Any, str]:
+    location = getattr(wrapper, LOCATION, None)
+    if location is None:  # a decorator's wrapper, installed nowhere: named where the function is defined
+        return _defining_location(wrapper.__wrapped__)
+    return location
 
 
 def _defining_location(function: Any) -> Tuple[Any, str]:
@@ -61,7 +68,9 @@ def _defining_location(function: Any) -> Tuple[Any, str]:
     qualname = getattr(function, "__qualname__", None)
     try:
         owner_path, _, name = qualname.rpartition(".")
-        owner = resolve(f"{module}.{owner_path}") if owner_path else importlib.import_module(module)
+        owner = importlib.import_module(module)
+        for part in owner_path.split(".") if owner_path else ():
+            owner = getattr(owner, part)
         if getattr(owner, name) is not function:
             raise AttributeError(name)
     except (AttributeError, ImportError, TypeError) as exc:
@@ -70,51 +79,64 @@ def _defining_location(function: Any) -> Tuple[Any, str]:
     return owner, name
 
 
-class O1FunctionWrapper(wrapt.FunctionWrapper):
-    """wrapt's FunctionWrapper for a patched module function: pickles by reference, copies as itself."""
+class _PicklesByReference:
+    """What O1's wrappers share: `__reduce__` defers to the class's `__reduce_ex__` (wrapt's proxies
+    refuse both), and a copy is the wrapper itself, as for a function."""
 
-    def __reduce_ex__(self, protocol: int) -> tuple:
-        return reference(self.__wrapped__, getattr(self, LOCATION, None), protocol)
+    __slots__ = ()
 
     def __reduce__(self) -> tuple:
         return self.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
 
-    def __copy__(self) -> "O1FunctionWrapper":
+    def __copy__(self) -> Any:
         return self
 
-    def __deepcopy__(self, memo: dict) -> "O1FunctionWrapper":
+    def __deepcopy__(self, memo: dict) -> Any:
         return self
+
+
+class O1FunctionWrapper(_PicklesByReference, wrapt.FunctionWrapper):
+    """A patched module function: pickles as getattr(module, name), copies as itself."""
+
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        owner, name = _location(self)
+        return getattr, (_owner_reference(owner, name), name)
+
+
+class O1BoundMethod(_PicklesByReference, wrapt.BoundFunctionWrapper):
+    """A patched method read from a tensor (or from its class): pickles as getattr(tensor or class, name)."""
+
+    __slots__ = ()
+
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        owner, name = getattr(self._self_parent, LOCATION)
+        instance = self._self_instance
+        return getattr, (_owner_reference(owner, name) if instance is None else instance, name)
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        """As plain torch deep-copies the method: a builtin's stays itself, a Python method's is bound
+        to a deep copy of its tensor (and is then the patched method of that copy)."""
+        original = self.__wrapped__
+        copied = copy.deepcopy(original, memo)
+        if copied is original:
+            return self
+        return getattr(copied.__self__, getattr(self._self_parent, LOCATION)[1])
+
+
+class O1MethodWrapper(_PicklesByReference, wrapt.FunctionWrapper):
+    """A patched method as stored on its class: pickles as inspect.getattr_static(class, name), copies as itself."""
+
+    __bound_function_wrapper__ = O1BoundMethod
+
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        owner, name = getattr(self, LOCATION)
+        return inspect.getattr_static, (owner, name)
 
 
 def make_function_wrapper(original: Callable, wrapper: Callable,
                           location: Optional[Tuple[Any, str]]) -> wrapt.FunctionWrapper:
     """The wrapt wrapper of `original` to install at `location` (None: installed nowhere, a decorator's)."""
     on_a_class = location is not None and isinstance(location[0], type)
-    patched = wrapt.FunctionWrapper(original, wrapper) if on_a_class else O1FunctionWrapper(original, wrapper)
+    patched = O1MethodWrapper(original, wrapper) if on_a_class else O1FunctionWrapper(original, wrapper)
     setattr(patched, LOCATION, location)
     return patched
-
-
-def _reduce_bound_wrapper(bound: wrapt.BoundFunctionWrapper) -> Any:
-    """copyreg reducer of wrapt's bound wrappers: a patched method by reference; any other bound wrapper
-    exactly as wrapt reduces it (which refuses)."""
-    location = getattr(getattr(bound, "_self_parent", None), LOCATION, None)
-    if location is None:
-        return bound.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
-    return reference(bound.__wrapped__, location, pickle.DEFAULT_PROTOCOL)
-
-
-def install_method_pickling(patcher: Patcher) -> None:
-    """Register `_reduce_bound_wrapper` with copyreg while the O1 layer is installed (undone by `patcher`)."""
-    table = copyreg.dispatch_table
-    kind = wrapt.BoundFunctionWrapper
-    previous = table.get(kind, _MISSING)
-    table[kind] = _reduce_bound_wrapper
-
-    def undo() -> None:
-        if previous is _MISSING:
-            table.pop(kind, None)
-        else:
-            table[kind] = previous
-
-    patcher.add_undo(undo, "copyreg reducer for patched methods")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 from apexlite.amp.errors import AmpStateError
 
@@ -83,6 +83,10 @@ class Patcher:
         label = getattr(target, "__name__", type(target).__name__)
         self._records.append(PatchRecord(f"{label}.{name}", undo, target, name))
         return original
+
+    def patched_attributes(self) -> List[Tuple[Any, str]]:
+        """(target, name) of every attribute this patcher replaced and has not undone, oldest first."""
+        return [(record.target, record.name) for record in self._records if record.name is not None]
 
     def add_handle(self, handle: Any, description: str) -> None:
         """Record a hook handle (anything with `.remove()`)."""

@@ -11,7 +11,6 @@ from typing import Any, List, Tuple
 import torch
 
 from apexlite._logging import get_logger
-from apexlite.amp.o1.function_wrappers import install_method_pickling
 from apexlite.amp.o1.lists import OpEntry, op_entries
 from apexlite.amp.o1.patcher import raw_attribute, resolve
 from apexlite.amp.o1.policies import CastPolicy
@@ -74,7 +73,6 @@ def patch_torch_functions(session: Any, registrations: List[Tuple[Any, str, Cast
         count += 1
     patch_rnn_input_check(session.cast_state, session.o1_patcher)
     patch_torch_jit(session.o1_patcher, session.cast_state)
-    install_method_pickling(session.o1_patcher)
     return count
 
 

@@ -8,6 +8,7 @@ zero-size stand-in of the weights' dtype and the input's shape.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -19,6 +20,9 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def _checked_input(state: CastState, original: Callable) -> Callable:
+    # functools.wraps gives it the original's module and qualified name, so it pickles (and copies) as
+    # `torch.nn.RNNBase.check_input`, which is itself while O1 is installed and the original elsewhere
+    @functools.wraps(original)
     def check_input(self: torch.nn.RNNBase, input: torch.Tensor, batch_sizes: Any) -> None:
         weights = self._flat_weights
         if (state.active and not state.thread.disabled_depth and isinstance(input, torch.Tensor)
@@ -28,7 +32,6 @@ def _checked_input(state: CastState, original: Callable) -> Callable:
             return original(self, stand_in, batch_sizes)
         return original(self, input, batch_sizes)
 
-    check_input.__wrapped__ = original  # type: ignore[attr-defined]
     return check_input
 
 

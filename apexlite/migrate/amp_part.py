@@ -42,8 +42,9 @@ def is_amp(use: ApexUse) -> bool:
     return use.api == apis.AMP_MODULE or use.api.startswith(apis.AMP_MODULE + ".")
 
 
-def plan_amp(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]:
-    """Plan the amp part into `plan`; returns the setup when it was migrated (or kept on apexlite)."""
+def plan_amp(plan: Plan, options: MigrateOptions, device: str, refused: Optional[str] = None) -> Optional[AmpSetup]:
+    """Plan the amp part into `plan`; returns the setup when it was migrated (or kept on apexlite).
+    `refused`: why its rewrite must not be used (a TODO at amp.initialize says so)."""
     amp_uses = [use for use in plan.analysis.uses if is_amp(use)]
     if not amp_uses:
         return None
@@ -67,6 +68,8 @@ def plan_amp(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSe
         _plan_initialize_statement(child, setup, planner)
     for use in amp_uses:
         child.handle(use.node)
+    if refused is not None and setup is not None:
+        child.todo(setup.call, refused)
     migrated = setup is not None and not child.todos
     plan.merge(child, keep_edits=migrated)
     return setup if migrated else None
@@ -110,40 +113,49 @@ def _normalised(code: str) -> str:
 
 
 def _plan_initialize_statement(plan: Plan, setup: AmpSetup, planner: ScaleLossPlanner) -> None:
+    """The call becomes the recipe's statements. Under `if flag:` the device and the GradScalers (which
+    every path reads) go above the outermost `if`, with `enabled=` saying when amp ran; what only the
+    flagged path does (O3's casts) stays inside."""
     analysis = plan.analysis
     value_code = analysis.code(setup.models_arg) + (
         f", {analysis.code(setup.optimizers_arg)}" if setup.optimizers_arg is not None else "")
     keep_assignment = isinstance(setup.statement, cst.Assign) and _normalised(
         analysis.code(setup.statement.targets[0].target)) != _normalised(value_code)
-    lines: List[str] = []
+    every_path: List[str] = []
+    in_place: List[str] = []
     needs_device = setup.recipe == AUTOCAST or planner.scalers or any(
         use.api == DISABLE_CASTS for use in analysis.uses)
     if setup.device == RUNTIME and needs_device:
-        lines.append(f"{setup.device_expr} = next({setup.models[0]}.parameters()).device.type")
+        every_path.append(f"{setup.device_expr} = next({setup.models[0]}.parameters()).device.type")
     if setup.recipe == HALF:
         cast = "half()" if setup.dtype == "float16" else "to(torch.bfloat16)"
         for model in setup.models:
-            lines.append(f"{model}.{cast}")
-            lines.append(f"{model}.register_forward_pre_hook(\n    lambda module, args: tuple(a.{cast} if "
-                         "torch.is_tensor(a) and a.is_floating_point() else a for a in args))")
+            in_place.append(f"{model}.{cast}")
+            in_place.append(f"{model}.register_forward_pre_hook(\n    lambda module, args: tuple(a.{cast} if "
+                            "torch.is_tensor(a) and a.is_floating_point() else a for a in args))")
     enabled = f", enabled={setup.enabled}" if setup.enabled else ""
     static = "" if setup.loss_scale == "dynamic" else f", init_scale={float(setup.loss_scale)!r}, growth_interval=2**31 - 1"
     for scaler in planner.scalers:
-        lines.append(f"{scaler.name} = torch.amp.GradScaler({setup.device_expr}{static}{enabled})")
-    plan.comment(setup.call, _summary(setup, planner))
+        every_path.append(f"{scaler.name} = torch.amp.GradScaler({setup.device_expr}{static}{enabled})")
+    plan.comment(setup.anchor, _summary(setup, planner))
     if static and planner.scalers:
-        plan.comment(setup.call, f"apex's static loss_scale={setup.loss_scale!r}: GradScaler has no static mode, so "
-                                 "its growth is disabled; unlike apex, an overflowing step is skipped and halves it")
+        plan.comment(setup.anchor, f"apex's static loss_scale={setup.loss_scale!r}: GradScaler has no static mode, "
+                                   "so its growth is disabled; unlike apex, an overflowing step is skipped and "
+                                   "halves it")
     if setup.recipe == HALF:
-        plan.comment(setup.call, f"O3 traps: no fp32 master weights (updates below {setup.dtype}'s resolution are "
-                                 f"lost), batchnorm and optimizer state in {setup.dtype}, only positional tensor "
-                                 "inputs are cast; torch.autocast (O1) is the safer recipe")
-    plan.needs_torch = plan.needs_torch or bool(lines)
+        plan.comment(setup.anchor, f"O3 traps: no fp32 master weights (updates below {setup.dtype}'s resolution "
+                                   f"are lost), batchnorm and optimizer state in {setup.dtype}, only positional "
+                                   "tensor inputs are cast; torch.autocast (O1) is the safer recipe")
+    if setup.guard.outermost is not None:
+        plan.insert_before(setup.guard.outermost, every_path)
+    else:
+        in_place = every_path + in_place
+    plan.needs_torch = plan.needs_torch or bool(every_path or in_place)
     value = expression(value_code) if keep_assignment else None
 
     def edit(updated: cst.BaseSmallStatement):
         kept = [updated.with_changes(value=value)] if value is not None else []
-        return kept + [small_statement(line) for line in lines]
+        return kept + [small_statement(line) for line in in_place]
 
     plan.replace_small(setup.statement, edit)
 
@@ -156,4 +168,7 @@ def _summary(setup: AmpSetup, planner: ScaleLossPlanner) -> str:
         HALF: f"the model cast to {setup.dtype} (pure low-precision training){scaling}",
         NONE: f"plain fp32 training{scaling}",
     }[setup.recipe]
+    if setup.guard.conditions and (scalers or setup.recipe == AUTOCAST):
+        return (f"amp.initialize (opt_level {setup.level}) ran only when `{setup.enabled}`: it became {what}, "
+                "on every path, enabled by that flag")
     return f"amp.initialize (opt_level {setup.level}) became {what}"

@@ -16,15 +16,16 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
 from apexlite import check
-from apexlite.migrate import apis
 from apexlite.migrate.amp_part import plan_amp
 from apexlite.migrate.analysis import Analysis, parse
 from apexlite.migrate.device import detect
 from apexlite.migrate.edits import TODO_PREFIX, Applier, Plan, Todo, wrapped_comment
 from apexlite.migrate.imports import ImportPlanner
+from apexlite.migrate.leftovers import plan_leftovers
 from apexlite.migrate.initialize import KEEP, AmpSetup
 from apexlite.migrate.options import MigrateOptions
 from apexlite.migrate.replacements import plan_replacements
+from apexlite.migrate.soundness import undefined_reads
 
 
 @dataclass
@@ -39,6 +40,7 @@ class MigrationResult:
     setup: Optional[AmpSetup] = None
     remaining: List[Tuple[str, List[int], str]] = field(default_factory=list)  # check.scan of `migrated`
     error: Optional[str] = None  # the rewrite did not compile: `migrated` is the original
+    flags: List[str] = field(default_factory=list)  # options a rerun needs for run-time choices ("--opt-level O1")
 
     @property
     def changed(self) -> bool:
@@ -51,16 +53,6 @@ class MigrationResult:
     @property
     def exit_status(self) -> int:
         return 1 if self.todos or self.error else 0
-
-
-def _plan_leftovers(plan: Plan) -> None:
-    """Every apex use no planner took keeps its code and gets a TODO quoting `check`'s status for it."""
-    for use in plan.analysis.uses:
-        if plan.is_handled(use.node):
-            continue
-        name, status = apis.status(use.written)
-        plan.todo(use.node, f"`{plan.analysis.code(use.node)}` has no certain torch rewrite ({name}: {status}); "
-                            "see MIGRATION.md")
 
 
 def _compiles(source: bytes) -> Optional[str]:
@@ -96,33 +88,70 @@ def _todo_lines(code: bytes, todos: List[Todo]) -> List[int]:
     return found
 
 
-def plan_migration(analysis: Analysis, options: MigrateOptions) -> Tuple[Plan, Optional[AmpSetup]]:
-    """Every edit of the first pass, without applying any."""
+def plan_migration(analysis: Analysis, options: MigrateOptions,
+                   refused_amp: Optional[str] = None) -> Tuple[Plan, Optional[AmpSetup]]:
+    """Every edit of the first pass, without applying any (`refused_amp`: why the amp part must stay)."""
     plan = Plan(analysis)
     device = detect(analysis)
-    setup = plan_amp(plan, options, device)
+    setup = plan_amp(plan, options, device, refused_amp)
     plan_replacements(plan, device)
-    _plan_leftovers(plan)
+    plan_leftovers(plan)
     return plan, setup
 
 
-def migrate_source(source: bytes, options: MigrateOptions = MigrateOptions()) -> MigrationResult:
-    """Migrate one script's source (raises libcst.ParserSyntaxError when libcst cannot parse it)."""
-    wrapper, analysis = parse(source)
-    plan, setup = plan_migration(analysis, options)
+def _rewrite(wrapper: MetadataWrapper, analysis: Analysis, options: MigrateOptions,
+             refused_amp: Optional[str]) -> Tuple[Plan, Optional[AmpSetup], bytes]:
+    plan, setup = plan_migration(analysis, options, refused_amp)
     first = wrapper.visit(Applier(plan)).bytes
     second_wrapper, second_analysis = parse(first)
     imports = ImportPlanner(second_analysis, keep_amp=setup is not None and setup.recipe == KEEP)
-    migrated = second_wrapper.visit(Applier(imports.plan_all(plan.needs_torch))).bytes
-    todos = sorted(plan.todos, key=lambda todo: todo.line)
-    result = MigrationResult(source, migrated, todos, notes=list(plan.notes), setup=setup)
+    return plan, setup, second_wrapper.visit(Applier(imports.plan_all(plan.needs_torch))).bytes
+
+
+def _soundness_error(wrapper: MetadataWrapper, source: bytes, migrated: bytes) -> Tuple[Optional[str], List[str]]:
+    """(why the rewrite must not be used, names some path would read undefined that the original defined)."""
+    lost = _unbound_names(MetadataWrapper(cst.parse_module(migrated))) - _unbound_names(wrapper)
+    if lost:
+        return f"it would read {', '.join(sorted(lost))} without defining it (a migrate bug: please report it)", []
+    before = undefined_reads(source)
+    partial = sorted({name for (scope, name) in undefined_reads(migrated) if (scope, name) not in before})
+    if partial:
+        return f"it would read {', '.join(partial)} where some path leaves it undefined", partial
+    return None, []
+
+
+def _refusal(names: List[str]) -> str:
+    shown = ", ".join(f"`{name}`" for name in names)
+    return (f"migrate's rewrite of amp would read {shown} on a path that does not define it (amp.initialize "
+            "runs inside a `try`, loop or branch that other paths skip): create the GradScaler and the device "
+            "where every path that uses them runs, with `enabled=` saying when amp is on, or keep apexlite's "
+            "amp (`from apexlite import amp`)")
+
+
+def migrate_source(source: bytes, options: MigrateOptions = MigrateOptions()) -> MigrationResult:
+    """Migrate one script's source (raises libcst.ParserSyntaxError when libcst cannot parse it).
+
+    The rewrite must compile, read no name it does not define, and leave no name undefined on a path
+    where the original defined it. When the amp part breaks the last rule it is left to the user (a TODO
+    at amp.initialize) and the rest is migrated; any other failure keeps the original, with the reason."""
+    wrapper, analysis = parse(source)
+    plan, setup, migrated = _rewrite(wrapper, analysis, options, None)
     error = _compiles(migrated) if _compiles(source) is None else None
     if error is None and migrated != source:
-        lost = _unbound_names(MetadataWrapper(cst.parse_module(migrated))) - _unbound_names(wrapper)
-        if lost:
-            error = f"it would read {', '.join(sorted(lost))} without defining it (a migrate bug: please report it)"
+        error, partial = _soundness_error(wrapper, source, migrated)
+        if partial and setup is not None:
+            plan, setup, migrated = _rewrite(wrapper, analysis, options, _refusal(partial))
+            error = _compiles(migrated) or (_soundness_error(wrapper, source, migrated)[0]
+                                            if migrated != source else None)
+    todos = sorted(plan.todos, key=lambda todo: todo.line)
+    result = MigrationResult(source, migrated, todos, notes=list(plan.notes), setup=setup,
+                             flags=[f"{flag} {value}" for flag, value in sorted(plan.flags.items(), key=_flag_order)])
     if error is not None:
         result.migrated, result.error = source, f"the rewritten script is not sound ({error}); nothing changed"
     result.todo_lines = _todo_lines(result.migrated, todos)
     result.remaining = check.scan(ast.parse(result.migrated))
     return result
+
+
+def _flag_order(item: Tuple[str, str]) -> int:
+    return ("--opt-level", "--loss-scale").index(item[0]) if item[0] in ("--opt-level", "--loss-scale") else 2

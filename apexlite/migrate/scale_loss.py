@@ -18,6 +18,7 @@ import libcst as cst
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import ApexUse, dotted_text, walk
 from apexlite.migrate.edits import Plan, expression, small_statement
+from apexlite.migrate.guards import branch_calls_backward, key, read_guard, resolves_alike
 from apexlite.migrate.initialize import AUTOCAST, AmpSetup
 from apexlite.migrate.regions import RegionFinder
 from apexlite.migrate.values import bind, elements, literal
@@ -90,7 +91,29 @@ class ScaleLossPlanner:
                                  "inside a helper function?); pass the torch.amp.GradScaler in and write "
                                  "`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`")
             return None
+        if not self._guarded_alike(statement):
+            return None
         return Site(use, statement, bound.value("loss"), item.asname.name.value, indices, loss_id)
+
+    def _guarded_alike(self, statement: cst.With) -> bool:
+        """A scale_loss under `if X: ... else: loss.backward()` is exact only when X is one of the
+        conditions amp.initialize ran under: the GradScaler is enabled exactly then, and must not step
+        gradients the other branch computed unscaled."""
+        analysis = self.analysis
+        ran_under = {key(analysis, test, True) for test in self.setup.flags[len(self.setup.guard.conditions):]}
+        ran_under |= {condition.key(analysis) for condition in self.setup.guard.conditions}
+        for condition in read_guard(analysis, statement).conditions:
+            if condition.key(analysis) in ran_under or not branch_calls_backward(analysis, condition):
+                continue
+            test = analysis.code(condition.test).strip()
+            when = f"`{self.setup.enabled}`" if self.setup.enabled else "always"
+            self.plan.todo(statement, f"this scale_loss runs only when `{'' if condition.positive else 'not '}"
+                                      f"{test}` and the other branch calls backward unscaled, while the GradScaler "
+                                      f"is enabled {when}: with one on and the other off it would step unscaled "
+                                      "gradients. Test the same flag here as around amp.initialize (or pass "
+                                      "enabled= to it) and run migrate again")
+            return False
+        return True
 
     # --- planning --------------------------------------------------------------------------------------
     def plan_all(self) -> None:
@@ -217,6 +240,11 @@ class ScaleLossPlanner:
         header = autocast_header(self.setup)
         for region in finder.regions:
             body = list(region.block.body)
+            if not resolves_alike(self.analysis, self.setup.flags, body[region.start]):
+                self.plan.todo(body[region.start], f"torch.autocast here needs `enabled={self.setup.enabled}` (when "
+                                                   "amp.initialize ran), but those names mean something else here; "
+                                                   "pass the flag in under its own name and run migrate again")
+                continue
             self.plan.wrap(body[region.start], body[region.end], header)
 
     def _plan_site(self, site: Site) -> None:

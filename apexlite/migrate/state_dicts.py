@@ -106,8 +106,10 @@ def _plan_loss_scalers(plan: Plan, planner: ScaleLossPlanner, setup: AmpSetup, u
         call = _loss_scale_call(plan, parent)
         if call is None or not isinstance(loss_id, int) or (scaled and loss_id not in names):
             return False
-        code = f"{names[loss_id]}.get_scale()" if scaled else "1.0"
-        plan.replace_expression(call, lambda _: expression(code))
+        if scaled:
+            plan.replace_expression(call, lambda _: expression(f"{names[loss_id]}.get_scale()"))
+        else:
+            _constant_scale(plan, call)
         return True
     comp_for = parent
     comprehension = analysis.parent(comp_for) if isinstance(comp_for, cst.CompFor) else None
@@ -130,6 +132,16 @@ def _plan_loss_scalers(plan: Plan, planner: ScaleLossPlanner, setup: AmpSetup, u
         plan.replace_expression(use.node, lambda _: expression(f"range({setup.num_losses})"))
         plan.replace_expression(element, lambda _: expression("1.0"))
     return True
+
+
+def _constant_scale(plan: Plan, call: cst.Call) -> None:
+    """Nothing is scaled: the scale is 1.0, written into an f-string's text rather than as `{1.0}`."""
+    holder = plan.analysis.parent(call)
+    if isinstance(holder, cst.FormattedStringExpression) and holder.expression is call \
+            and holder.conversion is None and holder.format_spec is None and holder.equal is None:
+        plan.replace_expression(holder, lambda _: cst.FormattedStringText("1.0"))
+    else:
+        plan.replace_expression(call, lambda _: expression("1.0"))
 
 
 def plan_state(plan: Plan, setup: AmpSetup, planner: ScaleLossPlanner) -> None:

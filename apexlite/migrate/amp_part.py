@@ -9,7 +9,7 @@ APIs.
 from __future__ import annotations
 
 import re
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional
 
 import libcst as cst
 
@@ -20,6 +20,7 @@ from apexlite.migrate.device import RUNTIME
 from apexlite.migrate.edits import Plan, expression, small_statement
 from apexlite.migrate.initialize import AUTOCAST, HALF, KEEP, NONE, AmpSetup, read
 from apexlite.migrate.options import MigrateOptions
+from apexlite.migrate.reach import Key, Resolver, Unit, link, plan_threads
 from apexlite.migrate.scale_loss import ScaleLossPlanner
 from apexlite.migrate.state_dicts import plan_state
 
@@ -42,45 +43,87 @@ def is_amp(use: ApexUse) -> bool:
     return use.api == apis.AMP_MODULE or use.api.startswith(apis.AMP_MODULE + ".")
 
 
-def plan_amp(plan: Plan, options: MigrateOptions, device: str, refused: Optional[str] = None) -> Optional[AmpSetup]:
-    """Plan the amp part into `plan`; returns the setup when it was migrated (or kept on apexlite).
-    `refused`: why its rewrite must not be used (a TODO at amp.initialize says so)."""
-    amp_uses = [use for use in plan.analysis.uses if is_amp(use)]
-    if not amp_uses:
+def plan_amp_files(plans: Dict[Key, Plan], home: Optional[Key], options: MigrateOptions, device: str,
+                   refused: Optional[str] = None, resolve: Resolver = lambda key, node: None,
+                   shown: Callable[[Key], str] = str) -> Optional[AmpSetup]:
+    """Plan the amp part of files migrated together (`home`: the one with amp.initialize), all or nothing
+    across them: each file's edits are kept only when no file's amp part left a TODO. `shown`: a file's
+    name in messages."""
+    uses = {key: [use for use in plan.analysis.uses if is_amp(use)] for key, plan in plans.items()}
+    if not any(uses.values()):
         return None
-    child = plan.child()
-    setup = read(child, options, device)
+    children = {key: plan.child() for key, plan in plans.items()}
+    setup = read(children[home], options, device) if home is not None else None
     if setup is None:
-        if not child.todos:
-            for use in amp_uses:
-                hint = NATIVE_HINTS.get(use.api)
-                child.todo(use.node, f"`{child.analysis.code(use.node)}` has no certain torch rewrite: {hint}" if hint
-                           else "amp.initialize is not in this file, so migrate cannot tell what this amp call "
-                                "becomes; migrate the file that calls amp.initialize, or keep apexlite's amp")
-    elif setup.recipe == KEEP:
-        _plan_keep(child, setup, amp_uses)
+        if not any(child.todos for child in children.values()):
+            for key, file_uses in uses.items():
+                _plan_without_setup(children[key], file_uses)
     else:
-        planner = ScaleLossPlanner(child, setup)
-        planner.plan_all()
-        plan_master_params(child, setup, planner)
-        plan_state(child, setup, planner)
-        _plan_other(child, setup, amp_uses)
-        _plan_initialize_statement(child, setup, planner)
-    for use in amp_uses:
-        child.handle(use.node)
-    if refused is not None and setup is not None:
-        child.todo(setup.call, refused)
-    migrated = setup is not None and not child.todos
-    plan.merge(child, keep_edits=migrated)
+        ties = link({key: plan.analysis for key, plan in plans.items()}, home, setup.call, setup.optimizer_nodes,
+                    setup.model_nodes, resolve)
+        units = [Unit(key, children[key], ties[key], key == home) for key in plans]
+        origin = f"{shown(home)}:{setup.use.line}" if len(plans) > 1 else ""
+        if setup.recipe == KEEP:
+            for unit in units:
+                _plan_keep(unit, setup, uses[unit.key])
+        else:
+            _plan_native(units, setup, uses, origin)
+        if refused is not None:
+            children[home].todo(setup.call, refused)
+    migrated = setup is not None and not any(child.todos for child in children.values())
+    if setup is not None and not migrated:
+        _name_the_other_files(children, uses, shown)
+    for key, plan in plans.items():
+        for use in uses[key]:
+            children[key].handle(use.node)
+        plan.merge(children[key], keep_edits=migrated)
     return setup if migrated else None
 
 
-def _plan_keep(plan: Plan, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
+def _plan_native(units: List[Unit], setup: AmpSetup, uses: Dict[Key, List[ApexUse]], origin: str) -> None:
+    planner = ScaleLossPlanner(units, setup, origin)
+    planner.plan_all()
+    for unit in units:
+        plan_master_params(unit, setup, planner)
+        plan_state(unit, setup, planner)
+        _plan_other(unit, setup, uses[unit.key])
+    home = next(unit for unit in units if unit.home)
+    _plan_initialize_statement(home.plan, setup, planner)
+    if planner.scalers:
+        plan_threads({unit.key: unit.plan for unit in units}, {unit.key: unit.ties for unit in units},
+                     [scaler.name for scaler in planner.scalers])
+
+
+def _plan_without_setup(plan: Plan, amp_uses: List[ApexUse]) -> None:
+    for use in amp_uses:
+        hint = NATIVE_HINTS.get(use.api)
+        plan.todo(use.node, f"`{plan.analysis.code(use.node)}` has no certain torch rewrite: {hint}" if hint
+                  else "amp.initialize is not in this file (nor in a file migrated with it), so migrate cannot "
+                       "tell what this amp call becomes; migrate it together with the file that calls "
+                       "amp.initialize, or keep apexlite's amp")
+
+
+def _name_the_other_files(children: Dict[Key, Plan], uses: Dict[Key, List[ApexUse]],
+                          shown: Callable[[Key], str]) -> None:
+    """All or nothing across files: a file whose own amp part was fine says which other file holds it back."""
+    blocked = [(shown(key), min(todo.line for todo in child.todos)) for key, child in children.items() if child.todos]
+    for key, child in children.items():
+        if child.todos or not uses[key]:
+            continue
+        where = ", ".join(f"{other}:{line}" for other, line in blocked)
+        node = next((use.node for use in uses[key] if use.api == apis.INITIALIZE), uses[key][0].node)
+        child.todo(node, f"amp here is migrated together with {where} (one GradScaler for both files, all or "
+                         "nothing): do what the TODO there says, then run migrate on both files again")
+
+
+def _plan_keep(unit: Unit, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
     """O2 stays on apexlite's amp: only the import changes (imports.py), if every use is one apexlite.amp has."""
-    plan.notes.append("O2 keeps amp, now imported from apexlite (`from apexlite import amp`): torch has no "
-                      "fp32-master-weights recipe; --o2=bf16-autocast moves it to bf16 autocast instead")
-    plan.comment(setup.call, "O2 keeps amp from apexlite (torch has no fp32-master-weights recipe); "
-                             "`apexlite migrate --o2=bf16-autocast` moves it to bf16 autocast")
+    plan = unit.plan
+    if unit.home:
+        plan.notes.append("O2 keeps amp, now imported from apexlite (`from apexlite import amp`): torch has no "
+                          "fp32-master-weights recipe; --o2=bf16-autocast moves it to bf16 autocast instead")
+        plan.comment(setup.call, "O2 keeps amp from apexlite (torch has no fp32-master-weights recipe); "
+                                 "`apexlite migrate --o2=bf16-autocast` moves it to bf16 autocast")
     for use in amp_uses:
         if use.bound == apis.AMP_MODULE:
             first = use.written[len(apis.AMP_MODULE) + 1:].split(".")[0]
@@ -93,11 +136,18 @@ def _plan_keep(plan: Plan, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
                                 "`from apexlite import amp` and use amp's public functions")
 
 
-def _plan_other(plan: Plan, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
+def _plan_other(unit: Unit, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
+    plan = unit.plan
     for use in amp_uses:
         if plan.is_handled(use.node) or use.api == apis.INITIALIZE:
             continue
         call = plan.analysis.call_of(use)
+        if use.api == DISABLE_CASTS and call is not None and not call.args and setup.device == RUNTIME \
+                and not (unit.home and unit.ties.in_home_scope(call)):
+            plan.todo(call, f"amp.disable_casts() becomes torch.autocast(device_type=..., enabled=False), and the "
+                            f"device type is only known next to amp.initialize ({setup.device_expr}); pass it in "
+                            "and run migrate again")
+            continue
         if use.api == DISABLE_CASTS and call is not None and not call.args:
             code = f"torch.autocast(device_type={setup.device_expr}, enabled=False)"
             plan.replace_expression(call, lambda _: expression(code))

@@ -17,6 +17,7 @@ from apexlite.migrate import apis
 from apexlite.migrate.analysis import ApexUse, dotted_text
 from apexlite.migrate.edits import Plan, expression, small_statement
 from apexlite.migrate.initialize import AmpSetup
+from apexlite.migrate.reach import Unit
 from apexlite.migrate.scale_loss import ScaleLossPlanner
 from apexlite.migrate.values import literal
 
@@ -144,19 +145,20 @@ def _constant_scale(plan: Plan, call: cst.Call) -> None:
         plan.replace_expression(call, lambda _: expression("1.0"))
 
 
-def plan_state(plan: Plan, setup: AmpSetup, planner: ScaleLossPlanner) -> None:
-    analysis = plan.analysis
-    for use in analysis.uses_of(apis.STATE_DICT):
-        plan.handle(use.node)
-        _plan_save(plan, planner, use)
-    for use in analysis.uses_of(apis.LOAD_STATE_DICT):
-        plan.handle(use.node)
-        _plan_load(plan, planner, use)
+def plan_state(unit: Unit, setup: AmpSetup, planner: ScaleLossPlanner) -> None:
+    plan, analysis = unit.plan, unit.analysis
     state_uses: List[ApexUse] = [use for use in analysis.uses if use.api != apis.MASTER_PARAMS and (
-        use.api == apis.AMP_STATE or use.api.startswith(apis.AMP_STATE + "."))]
+        use.api in (apis.STATE_DICT, apis.LOAD_STATE_DICT) or use.api == apis.AMP_STATE
+        or use.api.startswith(apis.AMP_STATE + "."))]
     for use in state_uses:
         plan.handle(use.node)
-        if use.api == apis.LOSS_SCALERS and _plan_loss_scalers(plan, planner, setup, use):
-            continue
-        plan.todo(use.node, f"`{analysis.code(use.node)}` is amp's internal state; read the GradScaler instead "
-                            "(scaler.get_scale() is the loss scale)")
+        if planner.scalers and not unit.ties.reaches_scaler(use.node):
+            plan.todo(use.node, f"`{analysis.code(use.node)}` becomes the GradScaler's ({planner.scalers[0].name}), "
+                                "which cannot be read here: pass it in (a parameter) and run migrate again")
+        elif use.api == apis.STATE_DICT:
+            _plan_save(plan, planner, use)
+        elif use.api == apis.LOAD_STATE_DICT:
+            _plan_load(plan, planner, use)
+        elif not (use.api == apis.LOSS_SCALERS and _plan_loss_scalers(plan, planner, setup, use)):
+            plan.todo(use.node, f"`{analysis.code(use.node)}` is amp's internal state; read the GradScaler instead "
+                                "(scaler.get_scale() is the loss scale)")

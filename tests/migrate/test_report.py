@@ -26,7 +26,7 @@ def test_every_blocker_and_the_flags_of_a_second_run_in_one_report():
     result, lines = _report("todo_blockers")
     assert lines[0].endswith(": 3 places left for you (marked TODO(apexlite migrate))")
     assert [line.split(": ", 1)[0] for line in lines[1:4]] == ["  TODO out.py:22", "  TODO out.py:25",
-                                                               "  TODO out.py:38"]
+                                                               "  TODO out.py:42"]
     assert result.flags == ["--opt-level O1", "--loss-scale dynamic"]
     assert "  run migrate again with --opt-level O1 --loss-scale dynamic (or the values you train with) for the " \
            "choices the script makes at run time" in lines
@@ -35,9 +35,9 @@ def test_every_blocker_and_the_flags_of_a_second_run_in_one_report():
 def test_diff_reports_name_the_script_and_its_own_lines():
     result, lines = _report("todo_blockers", shown_as="todo_blockers.py", todo_lines_in_original=True)
     assert lines[0].startswith("apexlite migrate: todo_blockers.py: 3 places left")
-    assert [todo.line for todo in result.todos] == [22, 22, 32]
+    assert [todo.line for todo in result.todos] == [22, 22, 36]
     assert lines[1].startswith("  TODO todo_blockers.py:22: opt_level")
-    assert lines[3].startswith("  TODO todo_blockers.py:32: this scale_loss")
+    assert lines[3].startswith("  TODO todo_blockers.py:36: this scale_loss")
 
 
 def test_diff_summary_on_the_command_line_names_the_users_file():

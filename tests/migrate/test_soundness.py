@@ -176,14 +176,14 @@ def test_a_rewrite_with_a_name_undefined_on_some_path_leaves_amp_to_the_user():
 
 def test_the_check_refuses_what_it_finds(monkeypatch):
     """With the amp part's fallback disabled, the engine keeps the original and says why."""
-    monkeypatch.setattr(engine, "_rewrite", _without_fallback(engine._rewrite))
+    monkeypatch.setattr(engine, "_plan", _without_fallback(engine._plan))
     result = engine.migrate_source(GUARDED_BY_HAND.encode())
     assert result.migrated == result.original and result.exit_status == 1
     assert "would read scaler where some path leaves it undefined" in result.error
 
 
-def _without_fallback(rewrite):
-    def rewrite_ignoring_refusal(wrapper, analysis, options, refused_amp):
-        return rewrite(wrapper, analysis, options, None)
+def _without_fallback(plan):
+    def plan_ignoring_refusal(parsed, group, options, refused_amp, resolve):
+        return plan(parsed, group, options, None, resolve)
 
-    return rewrite_ignoring_refusal
+    return plan_ignoring_refusal

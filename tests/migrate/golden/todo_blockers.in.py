@@ -1,5 +1,5 @@
 """Every blocker in one run (apex's imagenet main_amp.py shape): the opt level and the loss scale chosen
-at run time, and a scale_loss in a train() that receives the optimizer; the report names all three
+at run time, and a scale_loss in a train() handed on as a callback; the report names all three
 and the flags a second run needs."""
 import argparse
 
@@ -21,8 +21,12 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer = amp.initialize(model, optimizer, opt_level=args.opt_level,
                                       keep_batchnorm_fp32=args.keep_batchnorm_fp32, loss_scale=args.loss_scale)
-    for epoch in range(2):
-        train(model, optimizer)
+    run_epochs(train, model, optimizer, epochs=2)
+
+
+def run_epochs(step, model, optimizer, epochs):
+    for epoch in range(epochs):
+        step(model, optimizer)
 
 
 def train(model, optimizer):

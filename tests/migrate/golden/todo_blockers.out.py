@@ -1,5 +1,5 @@
 """Every blocker in one run (apex's imagenet main_amp.py shape): the opt level and the loss scale chosen
-at run time, and a scale_loss in a train() that receives the optimizer; the report names all three
+at run time, and a scale_loss in a train() handed on as a callback; the report names all three
 and the flags a second run needs."""
 import argparse
 
@@ -27,16 +27,22 @@ def main():
     #     (e.g. --loss-scale dynamic)
     model, optimizer = amp.initialize(model, optimizer, opt_level=args.opt_level,
                                       keep_batchnorm_fp32=args.keep_batchnorm_fp32, loss_scale=args.loss_scale)
-    for epoch in range(2):
-        train(model, optimizer)
+    run_epochs(train, model, optimizer, epochs=2)
+
+
+def run_epochs(step, model, optimizer, epochs):
+    for epoch in range(epochs):
+        step(model, optimizer)
 
 
 def train(model, optimizer):
     for _ in range(3):
         loss = model(torch.randn(2, 4).cuda()).sum()
         optimizer.zero_grad()
-        # TODO(apexlite migrate): this scale_loss names an optimizer migrate cannot tie to amp.initialize's
-        #     (is it inside a helper function?); pass the torch.amp.GradScaler in and write
+        # TODO(apexlite migrate): this scale_loss's optimizer cannot be tied to amp.initialize's: migrate
+        #     follows the names amp.initialize assigns, the parameters of functions whose every call it sees
+        #     (a function handed on as a value hides its calls), and imports of them. Reach the optimizer
+        #     one of those ways, or pass a torch.amp.GradScaler in and write
         #     `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`
         with amp.scale_loss(loss, optimizer) as scaled_loss:
             scaled_loss.backward()

@@ -25,7 +25,7 @@ from apexlite.amp.frontend import parse_dtype
 from apexlite.amp.opt_levels import OPT_LEVELS, resolve_properties
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import ApexUse, dotted_text, walk
-from apexlite.migrate.device import CPU, CUDA, RUNTIME
+from apexlite.migrate.device import CPU, CUDA, RUNTIME, built_here
 from apexlite.migrate.edits import Plan
 from apexlite.migrate.guards import Guard, enabled_code, is_pure, mentions, read_guard, unstable
 from apexlite.migrate.options import O2_APEXLITE, MigrateOptions
@@ -349,6 +349,8 @@ def _recipe(plan: Plan, options: MigrateOptions, properties, enabled: Any, call:
 
 
 def _choose_device(plan: Plan, setup: AmpSetup, device: str) -> None:
+    if device == CPU and not all(built_here(plan.analysis, model) for model in elements(setup.models_arg) or []):
+        device = RUNTIME
     setup.device = device
     if device == RUNTIME:
         setup.device_expr = plan.fresh_name("amp_device_type")

@@ -7,7 +7,8 @@ model = create_model(opt)
 # apexlite migrate: amp.initialize (opt_level O1) ran only when `bool(opt.fp16)`: it became
 #     torch.autocast(float16) around the forward pass and the loss and torch.amp.GradScaler
 #     (scaler), on every path, enabled by that flag
-scaler = torch.amp.GradScaler("cpu", enabled=bool(opt.fp16))
+amp_device_type = next(model.parameters()).device.type
+scaler = torch.amp.GradScaler(amp_device_type, enabled=bool(opt.fp16))
 if opt.fp16:
     model, [optimizer_G, optimizer_D] = model, [model.optimizer_G, model.optimizer_D]
     model = torch.nn.DataParallel(model, device_ids=opt.gpu_ids)
@@ -16,7 +17,7 @@ else:
 
 for epoch in range(opt.epochs):
     for data in dataset:
-        with torch.autocast(device_type="cpu", dtype=torch.float16, enabled=bool(opt.fp16)):
+        with torch.autocast(device_type=amp_device_type, dtype=torch.float16, enabled=bool(opt.fp16)):
             losses, generated = model(data["label"], data["image"])
             loss_D = (losses[0] + losses[1]) * 0.5
             loss_G = losses[2]

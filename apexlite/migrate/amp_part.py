@@ -20,8 +20,9 @@ from apexlite.migrate.device import RUNTIME
 from apexlite.migrate.edits import Plan, expression, small_statement
 from apexlite.migrate.initialize import AUTOCAST, HALF, KEEP, NONE, AmpSetup, read
 from apexlite.migrate.options import MigrateOptions
-from apexlite.migrate.reach import Key, Resolver, Unit, link, plan_threads
+from apexlite.migrate.reach import Key, Resolver, Unit, link
 from apexlite.migrate.scale_loss import ScaleLossPlanner
+from apexlite.migrate.scaler_passing import plan_threads
 from apexlite.migrate.state_dicts import plan_state
 
 DISABLE_CASTS = "apex.amp.handle.disable_casts"
@@ -153,8 +154,9 @@ def _plan_other(unit: Unit, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
             plan.replace_expression(call, lambda _: expression(code))
             plan.needs_torch = True
             continue
-        _, status = apis.status(use.written)
-        hint = NATIVE_HINTS.get(use.api, f"apexlite lists it as {status}")
+        hint = NATIVE_HINTS.get(use.api, "it is amp's own machinery: write what it did with torch.autocast and the "
+                                         "torch.amp.GradScaler (scaler.get_scale(), scaler.unscale_(optimizer), "
+                                         "...), or keep apexlite's amp (`from apexlite import amp`)")
         plan.todo(use.node, f"`{plan.analysis.code(use.node)}` has no certain torch rewrite: {hint}")
 
 

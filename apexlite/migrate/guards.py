@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional, Set, Tuple
+from typing import List, Optional, Tuple
 
 import libcst as cst
 from libcst.metadata import ExpressionContext, ExpressionContextProvider
 
 from apexlite.migrate.analysis import Analysis, base_name, dotted_text, walk
+from apexlite.migrate.edits import Plan
 from apexlite.migrate.values import argparse_action
 
 _SCOPE_OWNERS = (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.Module)
@@ -212,3 +213,46 @@ def branch_calls_backward(analysis: Analysis, condition: Condition) -> bool:
         return False
     return any(isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
                for call in walk(other, cst.Call))
+
+
+# --- TODOs for guards migrate cannot repeat -----------------------------------------------------------
+def check_guard(plan: Plan, guard: Guard, call: cst.Call, small: cst.BaseSmallStatement,
+                 enabled_node: Optional[cst.BaseExpression]) -> None:
+    """TODOs for an `if` around amp.initialize (or an `enabled=` flag) migrate cannot repeat exactly."""
+    analysis = plan.analysis
+    tests = [condition.test for condition in guard.conditions]
+    shown = " and ".join(f"{'' if c.positive else 'not '}{analysis.code(c.test).strip()}" for c in guard.conditions)
+    for test in tests:
+        if not is_pure(test):
+            plan.todo(call, f"amp.initialize runs only when `{analysis.code(test).strip()}`, which migrate cannot "
+                            "evaluate again for the GradScaler and torch.autocast (it calls or computes something): "
+                            "assign it to a variable before the `if`, test that, and run migrate again")
+            return
+    if enabled_node is not None and not is_pure(enabled_node):
+        plan.todo(call, "enabled= is an expression migrate cannot evaluate again: assign it to a variable so "
+                        "autocast and GradScaler can take it too, and run migrate again")
+        return
+    for _, keyword in guard.blocking:
+        plan.todo(call, f"amp.initialize runs inside a `{keyword}` within `if {shown}`: the GradScaler must exist "
+                        f"on every path, so move amp.initialize out of the `{keyword}` (directly under the `if`) and "
+                        "run migrate again")
+        return
+    start = guard.outermost or small
+    why = unstable(analysis, tests + ([enabled_node] if enabled_node is not None else []), start)
+    if why is not None:
+        flag = f"`{shown}`" if guard.conditions else f"`enabled={analysis.code(enabled_node).strip()}`"
+        plan.todo(call, f"amp.initialize runs only when {flag}, but {why}, so the GradScaler and torch.autocast "
+                        "cannot be given the flag's value from there: assign it once to a new variable before the "
+                        "`if` (`use_amp = ...`), use that, and run migrate again")
+
+
+def model_touched_before(analysis: Analysis, guard: Guard, call: cst.Call, models: List[str]) -> bool:
+    """Whether the outermost `if` around amp.initialize uses one of its models before the call."""
+    statement = analysis.statement_of(call)
+    chains = [text for text in models if text]
+    for candidate in walk(guard.outermost.body, cst.BaseStatement):
+        if candidate is statement or analysis.position(candidate) >= analysis.position(statement):
+            continue
+        if isinstance(candidate, cst.SimpleStatementLine) and mentions(analysis, candidate, chains):
+            return True
+    return False

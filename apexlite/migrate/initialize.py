@@ -24,10 +24,10 @@ from apexlite.amp.frontend import initialize as apexlite_initialize
 from apexlite.amp.frontend import parse_dtype
 from apexlite.amp.opt_levels import OPT_LEVELS, resolve_properties
 from apexlite.migrate import apis
-from apexlite.migrate.analysis import ApexUse, dotted_text, walk
+from apexlite.migrate.analysis import ApexUse, dotted_text
 from apexlite.migrate.device import CPU, CUDA, RUNTIME, built_here
 from apexlite.migrate.edits import Plan
-from apexlite.migrate.guards import Guard, enabled_code, is_pure, mentions, read_guard, unstable
+from apexlite.migrate.guards import Guard, check_guard, enabled_code, model_touched_before, read_guard
 from apexlite.migrate.options import O2_APEXLITE, MigrateOptions
 from apexlite.migrate.values import NOT_LITERAL, argparse_default, bind, elements, literal
 
@@ -193,36 +193,6 @@ def _loss_scale_stand_in(level: str, default: Any) -> str:
     return "dynamic" if level in ("O1", "O2") else "1.0"
 
 
-def _check_guard(plan: Plan, guard: Guard, call: cst.Call, small: cst.BaseSmallStatement,
-                 enabled_node: Optional[cst.BaseExpression]) -> None:
-    """TODOs for an `if` around amp.initialize (or an `enabled=` flag) migrate cannot repeat exactly."""
-    analysis = plan.analysis
-    tests = [condition.test for condition in guard.conditions]
-    shown = " and ".join(f"{'' if c.positive else 'not '}{analysis.code(c.test).strip()}" for c in guard.conditions)
-    for test in tests:
-        if not is_pure(test):
-            plan.todo(call, f"amp.initialize runs only when `{analysis.code(test).strip()}`, which migrate cannot "
-                            "evaluate again for the GradScaler and torch.autocast (it calls or computes something): "
-                            "assign it to a variable before the `if`, test that, and run migrate again")
-            return
-    if enabled_node is not None and not is_pure(enabled_node):
-        plan.todo(call, "enabled= is an expression migrate cannot evaluate again: assign it to a variable so "
-                        "autocast and GradScaler can take it too, and run migrate again")
-        return
-    for _, keyword in guard.blocking:
-        plan.todo(call, f"amp.initialize runs inside a `{keyword}` within `if {shown}`: the GradScaler must exist "
-                        f"on every path, so move amp.initialize out of the `{keyword}` (directly under the `if`) and "
-                        "run migrate again")
-        return
-    start = guard.outermost or small
-    why = unstable(analysis, tests + ([enabled_node] if enabled_node is not None else []), start)
-    if why is not None:
-        flag = f"`{shown}`" if guard.conditions else f"`enabled={analysis.code(enabled_node).strip()}`"
-        plan.todo(call, f"amp.initialize runs only when {flag}, but {why}, so the GradScaler and torch.autocast "
-                        "cannot be given the flag's value from there: assign it once to a new variable before the "
-                        "`if` (`use_amp = ...`), use that, and run migrate again")
-
-
 def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]:
     """The script's one `amp.initialize` call, or None (with TODOs saying why) when it cannot be read.
 
@@ -278,7 +248,7 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
     enabled = literal(analysis, enabled_node)
     flag_node = enabled_node if enabled is NOT_LITERAL else None
     if guard.conditions or flag_node is not None:
-        _check_guard(plan, guard, call, small, flag_node)
+        check_guard(plan, guard, call, small, flag_node)
     overrides = _resolved_options(plan, options, bound, call, level, anchor)
     dtype_value = overrides.pop("dtype")
     try:
@@ -306,23 +276,12 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
                      num_losses, enabled_code(analysis, guard.conditions, flag_node), guard=guard, anchor=anchor,
                      flags=flags)
     _choose_device(plan, setup, device)
-    if setup.device == RUNTIME and guard.conditions and _model_touched_before(analysis, setup):
+    if setup.device == RUNTIME and guard.conditions and model_touched_before(analysis, guard, setup.call,
+                                                                              setup.models):
         plan.todo(call, f"the model is used inside `if` before amp.initialize, and its device is only known at "
                         "run time: migrate reads the device from the model before the `if`, where it may still "
                         "be elsewhere; move that code before the `if` and run migrate again")
     return setup
-
-
-def _model_touched_before(analysis, setup: AmpSetup) -> bool:
-    """Whether the outermost `if` around amp.initialize uses a model before the call."""
-    statement = analysis.statement_of(setup.call)
-    chains = [text for text in setup.models if text]
-    for candidate in walk(setup.guard.outermost.body, cst.BaseStatement):
-        if candidate is statement or analysis.position(candidate) >= analysis.position(statement):
-            continue
-        if isinstance(candidate, cst.SimpleStatementLine) and mentions(analysis, candidate, chains):
-            return True
-    return False
 
 
 def _recipe(plan: Plan, options: MigrateOptions, properties, enabled: Any, call: cst.Call):

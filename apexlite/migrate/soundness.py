@@ -70,6 +70,7 @@ class _Scope:
     is_module: bool = False
     state_at_child: Dict[int, State] = field(default_factory=dict)  # id(nested def/class) -> state there
     exit_state: State = None
+    returns: List[State] = field(default_factory=list)  # the state at each `return`
 
 
 class _LocalNames(ast.NodeVisitor):
@@ -186,7 +187,8 @@ class _Analyser:
             if isinstance(node, ast.Lambda):
                 self.expression(scope, node.body, state)
             else:
-                self.block(scope, node.body, state, loop=None)
+                end = self.block(scope, node.body, state, loop=None)
+                scope.exit_state = _meet(end, *scope.returns)
         return self.undefined
 
     @staticmethod
@@ -209,9 +211,9 @@ class _Analyser:
 
     @staticmethod
     def _outer_state(scope: _Scope, name: str) -> State:
-        """What the scope that defines free `name` had bound when `scope` may read it: an enclosing
-        function's state at the nested definition; the module's at that point for class bodies run
-        directly in it, else at its end."""
+        """What the scope that defines free `name` had bound when `scope` may read it: the module's at its
+        end (at the class statement for class bodies run directly in it); an enclosing function's at the
+        nested definition or at its end (a closure is usually called after the names it reads are set)."""
         child, outer, now = scope, scope.parent, not scope.is_function
         while outer is not None:
             if outer.is_module:
@@ -219,7 +221,10 @@ class _Analyser:
                     return None
                 return outer.state_at_child.get(id(child.node)) if now else outer.exit_state
             if outer.is_function and name in outer.locals:
-                return outer.state_at_child.get(id(child.node))
+                at_def = outer.state_at_child.get(id(child.node))
+                if now or at_def is None or outer.exit_state is None:
+                    return at_def
+                return at_def | outer.exit_state
             now = now and not outer.is_function
             child, outer = outer, outer.parent
         return None
@@ -333,6 +338,7 @@ class _Analyser:
             return self._match(scope, node, state, loop)
         if isinstance(node, ast.Return):
             self.expression(scope, node.value, state)
+            scope.returns.append(state)
             return None
         if isinstance(node, ast.Raise):
             self.expression(scope, node.exc, state)

@@ -102,6 +102,14 @@ CASES = {
                 return scaler
             return inner
         """, {("outer.inner", "scaler")}),
+    "or at the end of the enclosing function": ("""
+        def outer(loader):
+            def step(batch):
+                return scaler.scale(batch)
+            scaler = make()
+            for batch in loader:
+                step(batch)
+        """, set()),
     "comprehension targets are local": ("""
         values = [item * 2 for item in range(3)]
         """, set()),

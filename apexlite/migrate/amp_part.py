@@ -46,10 +46,10 @@ def is_amp(use: ApexUse) -> bool:
 
 def plan_amp_files(plans: Dict[Key, Plan], home: Optional[Key], options: MigrateOptions, device: str,
                    refused: Optional[str] = None, resolve: Resolver = lambda key, node: None,
-                   shown: Callable[[Key], str] = str) -> Optional[AmpSetup]:
+                   shown: Callable[[Key], str] = str, elsewhere: str = "") -> Optional[AmpSetup]:
     """Plan the amp part of files migrated together (`home`: the one with amp.initialize), all or nothing
     across them: each file's edits are kept only when no file's amp part left a TODO. `shown`: a file's
-    name in messages."""
+    name in messages; `elsewhere`: the amp.initialize calls of other files, when they are several."""
     uses = {key: [use for use in plan.analysis.uses if is_amp(use)] for key, plan in plans.items()}
     if not any(uses.values()):
         return None
@@ -58,7 +58,7 @@ def plan_amp_files(plans: Dict[Key, Plan], home: Optional[Key], options: Migrate
     if setup is None:
         if not any(child.todos for child in children.values()):
             for key, file_uses in uses.items():
-                _plan_without_setup(children[key], file_uses)
+                _plan_without_setup(children[key], file_uses, elsewhere)
     else:
         ties = link({key: plan.analysis for key, plan in plans.items()}, home, setup.call, setup.optimizer_nodes,
                     setup.model_nodes, resolve)
@@ -90,18 +90,28 @@ def _plan_native(units: List[Unit], setup: AmpSetup, uses: Dict[Key, List[ApexUs
         _plan_other(unit, setup, uses[unit.key])
     home = next(unit for unit in units if unit.home)
     _plan_initialize_statement(home.plan, setup, planner)
-    if planner.scalers:
-        plan_threads({unit.key: unit.plan for unit in units}, {unit.key: unit.ties for unit in units},
-                     [scaler.name for scaler in planner.scalers])
+    device = setup.device_expr if setup.device == RUNTIME and _needs_device(setup, uses) else None
+    plan_threads({unit.key: unit.plan for unit in units}, {unit.key: unit.ties for unit in units},
+                 [scaler.name for scaler in planner.scalers], device)
 
 
-def _plan_without_setup(plan: Plan, amp_uses: List[ApexUse]) -> None:
+def _needs_device(setup: AmpSetup, uses: Dict[Key, List[ApexUse]]) -> bool:
+    """Whether the code amp reaches needs the device type: autocast regions, or amp.disable_casts()."""
+    return setup.recipe == AUTOCAST or any(use.api == DISABLE_CASTS for file_uses in uses.values()
+                                           for use in file_uses)
+
+
+def _plan_without_setup(plan: Plan, amp_uses: List[ApexUse], elsewhere: str) -> None:
+    missing = ("amp.initialize is not in this file (nor in a file migrated with it), so migrate cannot tell what "
+               "this amp call becomes; migrate it together with the file that calls amp.initialize, or keep "
+               "apexlite's amp")
+    if elsewhere:
+        missing = (f"amp.initialize is called more than once ({elsewhere}), so migrate cannot tell which setup "
+                   "this amp call belongs to: migrate the amp part by hand, or keep apexlite's amp")
     for use in amp_uses:
         hint = NATIVE_HINTS.get(use.api)
         plan.todo(use.node, f"`{plan.analysis.code(use.node)}` has no certain torch rewrite: {hint}" if hint
-                  else "amp.initialize is not in this file (nor in a file migrated with it), so migrate cannot "
-                       "tell what this amp call becomes; migrate it together with the file that calls "
-                       "amp.initialize, or keep apexlite's amp")
+                  else missing)
 
 
 def _name_the_other_files(children: Dict[Key, Plan], uses: Dict[Key, List[ApexUse]],
@@ -144,7 +154,7 @@ def _plan_other(unit: Unit, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
             continue
         call = plan.analysis.call_of(use)
         if use.api == DISABLE_CASTS and call is not None and not call.args and setup.device == RUNTIME \
-                and not (unit.home and unit.ties.in_home_scope(call)):
+                and not unit.ties.reaches_scaler(call):
             plan.todo(call, f"amp.disable_casts() becomes torch.autocast(device_type=..., enabled=False), and the "
                             f"device type is only known next to amp.initialize ({setup.device_expr}); pass it in "
                             "and run migrate again")

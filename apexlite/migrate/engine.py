@@ -101,14 +101,18 @@ class _Group:
 
     keys: List[Path]
     home: Optional[Path]
+    elsewhere: str = ""  # where amp.initialize is called in other files, when that is ambiguous
 
 
 def _groups(parsed: Dict[Path, Tuple[MetadataWrapper, Analysis]]) -> List[_Group]:
     """One group for all files when exactly one calls amp.initialize (once); else each file alone."""
-    homes = [key for key, (_, analysis) in parsed.items() if analysis.uses_of(apis.INITIALIZE)]
-    if len(homes) == 1 and len(parsed[homes[0]][1].uses_of(apis.INITIALIZE)) == 1:
-        return [_Group(list(parsed), homes[0])]
-    return [_Group([key], key if key in homes else None) for key in parsed]
+    calls = [(key, use.line) for key, (_, analysis) in parsed.items() for use in analysis.uses_of(apis.INITIALIZE)]
+    if len(calls) == 1:
+        return [_Group(list(parsed), calls[0][0])]
+    shown = _shown(list(parsed))
+    elsewhere = ", ".join(f"{shown(key)}:{line}" for key, line in calls)
+    homes = {key for key, _ in calls}
+    return [_Group([key], key if key in homes else None, "" if key in homes else elsewhere) for key in parsed]
 
 
 def _device(analyses: List[Analysis]) -> str:
@@ -125,7 +129,7 @@ def _plan(parsed, group: _Group, options: MigrateOptions, refused_amp: Optional[
     involved = [parsed[key][1] for key in group.keys if key == group.home or any(
         is_amp(use) for use in parsed[key][1].uses)]
     setup = plan_amp_files(plans, group.home, options, _device(involved), refused_amp, resolve,
-                           _shown(group.keys))
+                           _shown(group.keys), group.elsewhere)
     for key in group.keys:
         plan_replacements(plans[key], detect(parsed[key][1]))
         plan_leftovers(plans[key])

@@ -106,6 +106,8 @@ def _targets(statement: cst.BaseSmallStatement, has_optimizers: bool, models: Li
     found = [elements(part) if isinstance(part, (cst.List, cst.Tuple)) else [part] for part in parts]
     found += [[]] * (2 - len(found))
     model_targets, optimizer_targets = found
+    if has_optimizers and not optimizers and isinstance(parts[1], cst.Name):
+        optimizer_targets = []  # `model, _ = amp.initialize(model, [], ...)`: no optimizer, a throwaway name
     if model_targets is None or optimizer_targets is None or len(model_targets) != len(models) \
             or len(optimizer_targets) != len(optimizers) \
             or any(dotted_text(item) is None for item in model_targets + optimizer_targets):

@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
-from apexlite.migrate.analysis import Analysis, dotted_text
+from apexlite.migrate.analysis import Analysis, dotted_text, walk
 from apexlite.migrate.edits import Plan
 
 Key = Path
@@ -167,8 +167,28 @@ def _bind(call: cst.Call, positional: List[str], keyword_only: List[str]) -> Opt
     return bound
 
 
+ImportIndex = Dict[Tuple[Key, str], List[Tuple[Key, cst.ImportFrom, str]]]
+
+
+def _import_index(analyses: Dict[Key, Analysis], resolve: Resolver) -> ImportIndex:
+    """(file imported from, name) -> every (importing file, `from ... import` statement, bound name)."""
+    index: ImportIndex = {}
+    for key, analysis in analyses.items():
+        for node in walk(analysis.module, cst.ImportFrom):
+            if isinstance(node.names, cst.ImportStar):
+                continue
+            source = resolve(key, node)
+            if source is None:
+                continue
+            for alias in node.names:
+                name = dotted_text(alias.name) or ""
+                bound = alias.asname.name.value if alias.asname is not None else name
+                index.setdefault((source, name), []).append((key, node, bound))
+    return index
+
+
 def _references(analyses: Dict[Key, Analysis], key: Key, function: cst.FunctionDef,
-                resolve: Resolver) -> Optional[List[Tuple[Key, cst.Call]]]:
+                imports: ImportIndex) -> Optional[List[Tuple[Key, cst.Call]]]:
     """Every call of a module-level function in the files; None when it is used any other way (passed
     on, rebound, reached through a module object)."""
     analysis = analyses[key]
@@ -177,18 +197,11 @@ def _references(analyses: Dict[Key, Analysis], key: Key, function: cst.FunctionD
     if len(own) != 1 or getattr(own[0], "node", None) is not function:
         return None
     accesses = [(key, access.node) for access in own[0].references]
-    for other_key, other in analyses.items():
-        for node in other.nodes(cst.ImportFrom):
-            if isinstance(node.names, cst.ImportStar) or resolve(other_key, node) != key:
-                continue
-            for alias in node.names:
-                if dotted_text(alias.name) != function.name.value:
-                    continue
-                bound = alias.asname.name.value if alias.asname is not None else function.name.value
-                module_scope = other.scope(node)
-                for assignment in (module_scope.assignments[bound] if module_scope is not None else ()):
-                    if getattr(assignment, "node", None) is node:
-                        accesses.extend((other_key, access.node) for access in assignment.references)
+    for other_key, node, bound in imports.get((key, function.name.value), ()):
+        module_scope = analyses[other_key].scope(node)
+        for assignment in (module_scope.assignments[bound] if module_scope is not None else ()):
+            if getattr(assignment, "node", None) is node:
+                accesses.extend((other_key, access.node) for access in assignment.references)
     calls = []
     for access_key, name in accesses:
         parent = analyses[access_key].parent(name)
@@ -203,7 +216,8 @@ def link(analyses: Dict[Key, Analysis], home: Key, call: cst.Call, optimizer_tar
     """Each file's Ties for the amp.initialize `call` in `home` (threads found to a fixpoint)."""
     home_analysis = analyses[home]
     home_owner = home_analysis.enclosing_scope_owner(call) or home_analysis.module
-    imports = {key: _import_tie(analyses[key], key, home, home_owner, optimizer_targets, resolve)
+    index = _import_index(analyses, resolve)
+    imports = {key: _import_tie(analyses[key], key, home, home_owner, optimizer_targets, index)
                for key in analyses if key != home}
     threads: Dict[int, Thread] = {}
 
@@ -213,27 +227,29 @@ def link(analyses: Dict[Key, Analysis], home: Key, call: cst.Call, optimizer_tar
             return Ties(home_analysis, home_owner, optimizer_targets, own, None)
         return Ties(analyses[key], None, [], own, imports[key])
 
-    candidates = [(key, statement) for key, analysis in analyses.items() for statement in analysis.module.body
-                  if isinstance(statement, cst.FunctionDef) and statement is not home_owner]
+    candidates = []
+    for key, analysis in analyses.items():
+        for statement in analysis.module.body:
+            if isinstance(statement, cst.FunctionDef) and statement is not home_owner:
+                calls = _references(analyses, key, statement, index)
+                if calls:
+                    candidates.append((key, statement, calls))
     changed = True
     while changed:
         changed = False
-        for key, function in candidates:
+        for key, function, calls in candidates:
             if id(function) in threads:
                 continue
-            thread = _thread(analyses, key, function, ties_of, model_targets, home, resolve)
+            thread = _thread(analyses, key, function, calls, ties_of, model_targets, home)
             if thread is not None:
                 threads[id(function)] = thread
                 changed = True
     return {key: ties_of(key) for key in analyses}
 
 
-def _thread(analyses, key: Key, function: cst.FunctionDef, ties_of, model_targets, home: Key,
-            resolve: Resolver) -> Optional[Thread]:
+def _thread(analyses, key: Key, function: cst.FunctionDef, calls: List[Tuple[Key, cst.Call]], ties_of,
+            model_targets, home: Key) -> Optional[Thread]:
     positional, keyword_only, _ = _parameters(function)
-    calls = _references(analyses, key, function, resolve)
-    if not calls:
-        return None
     optimizers: Dict[str, Optional[int]] = {}
     models: Dict[str, bool] = {}
     for call_key, call in calls:
@@ -256,16 +272,16 @@ def _thread(analyses, key: Key, function: cst.FunctionDef, ties_of, model_target
 
 
 def _import_tie(analysis: Analysis, key: Key, home: Key, home_owner: cst.CSTNode, optimizer_targets,
-                resolve: Resolver) -> Optional[ImportTie]:
+                index: ImportIndex) -> Optional[ImportTie]:
+    """`from <home> import optimizer` at the top level of `analysis`, when amp.initialize runs at module level."""
     if not isinstance(home_owner, cst.Module):
         return None
-    wanted = {dotted_text(target): index for index, target in enumerate(optimizer_targets)}
-    for node in analysis.nodes(cst.ImportFrom):
-        if isinstance(node.names, cst.ImportStar) or resolve(key, node) != home \
-                or analysis.enclosing_scope_owner(node) is not None:
-            continue
-        found = {(alias.asname.name.value if alias.asname is not None else dotted_text(alias.name)):
-                 wanted[dotted_text(alias.name)] for alias in node.names if dotted_text(alias.name) in wanted}
-        if found:
-            return ImportTie(key, node, found)
-    return None
+    found: Dict[cst.ImportFrom, Dict[str, int]] = {}
+    for position, target in enumerate(optimizer_targets):
+        for importer, node, bound in index.get((home, dotted_text(target) or ""), ()):
+            if importer == key and analysis.enclosing_scope_owner(node) is None:
+                found.setdefault(node, {})[bound] = position
+    if not found:
+        return None
+    node, names = next(iter(found.items()))
+    return ImportTie(key, node, names)

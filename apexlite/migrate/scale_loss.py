@@ -212,13 +212,12 @@ class ScaleLossPlanner:
         """`with torch.autocast(...)` for a region starting at `first`: its flag as amp.initialize's `if`
         had it, or as the GradScaler (made with that flag) reports it where those names are out of reach."""
         setup = self.setup
-        at_home = unit.home and unit.ties.in_home_scope(first)
-        if setup.device == RUNTIME and not at_home:
+        if setup.device == RUNTIME and not unit.ties.reaches_scaler(first):
             unit.plan.todo(first, f"torch.autocast here needs the device type, which migrate reads from the model "
                                   f"next to amp.initialize ({setup.device_expr}); pass it in and run migrate again")
             return None
         enabled = setup.enabled
-        if enabled and not (at_home and resolves_alike(unit.analysis, setup.flags, first)):
+        if enabled and not (unit.home and resolves_alike(unit.analysis, setup.flags, first)):
             if not self.scalers:
                 unit.plan.todo(first, f"torch.autocast here needs `enabled={setup.enabled}` (when amp.initialize "
                                       "ran), but those names mean something else here; pass the flag in under its "

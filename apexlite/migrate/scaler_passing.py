@@ -4,7 +4,7 @@ those functions, and the GradScaler imported beside an optimizer another file im
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import libcst as cst
 
@@ -13,30 +13,35 @@ from apexlite.migrate.edits import Plan
 from apexlite.migrate.reach import Key, Thread, Ties
 
 
-def plan_threads(plans: Dict[Key, Plan], ties: Dict[Key, Ties], scalers: List[str]) -> None:
-    """The GradScaler as a keyword-only parameter of each function that needs it, passed by every call, and
-    imported beside the optimizer where another file imports that and uses amp."""
+def plan_threads(plans: Dict[Key, Plan], ties: Dict[Key, Ties], scalers: List[str], device: Optional[str]) -> None:
+    """The GradScaler (and `device`, the variable holding a device type known only at run time) as
+    keyword-only parameters of each function that needs them, passed by every call, and imported beside
+    the optimizer where another file imports that and uses amp."""
     needed = _needed(plans, ties)
     importers = [key for key, file_ties in ties.items()
                  if file_ties.imported is not None and plans[key].analysis.uses]
-    if not needed and not importers:
+    if not needed and not importers or not scalers and device is None:
         return
-    if len(scalers) != 1:
+    if len(scalers) > 1:
         for thread in needed:
             plans[thread.key].todo(thread.function, f"this function would need the GradScalers {', '.join(scalers)} "
                                                     "passed in; migrate passes one: add them as parameters yourself")
         return
+    names = [*scalers, *([device] if device is not None else [])]
+    shown = " and ".join(f"`{name}=`" for name in names)
+    what = " and ".join([*(["the GradScaler"] if scalers else []), *(["the device type"] if device else [])])
+    them = "it" if len(names) == 1 else "them"
     for thread in needed:
-        name = thread.function.name.value
-        plans[thread.key].replace_expression(thread.function.params, _add_parameter(scalers[0]))
-        plans[thread.key].comment(thread.function, f"{name}() takes the GradScaler that replaced amp "
-                                                   f"(`{scalers[0]}=`); every call migrate saw passes it")
-        plans[thread.key].notes.append(f"{name}() now takes the GradScaler as the keyword-only `{scalers[0]}`: calls "
-                                       "outside the migrated files must pass it (they fail loudly until they do)")
+        function = thread.function.name.value
+        plans[thread.key].replace_expression(thread.function.params, _add_parameters(names))
+        plans[thread.key].comment(thread.function, f"{function}() takes {what} that replaced amp ({shown}); every "
+                                                   f"call migrate saw passes {them}")
+        plans[thread.key].notes.append(f"{function}() now takes {what} as keyword-only {shown}: calls outside the "
+                                       f"migrated files must pass {them} (they fail loudly until they do)")
         for call_key, call in thread.calls:
-            plans[call_key].replace_expression(call, _add_argument(scalers[0]))
+            plans[call_key].replace_expression(call, _add_arguments(names))
     for key in importers:
-        plans[key].replace_small(ties[key].imported.statement, _add_import(scalers[0]))
+        plans[key].replace_small(ties[key].imported.statement, _add_imports(names))
 
 
 def _needed(plans: Dict[Key, Plan], ties: Dict[Key, Ties]) -> List[Thread]:
@@ -69,30 +74,31 @@ def _within(analysis: Analysis, node: cst.CSTNode, function: cst.FunctionDef) ->
     return any(ancestor is function for ancestor in analysis.ancestors(node))
 
 
-def _add_parameter(name: str):
+def _add_parameters(names: List[str]):
     def edit(params: cst.Parameters) -> cst.Parameters:
         star = params.star_arg if isinstance(params.star_arg, cst.Param) else cst.ParamStar()
-        return params.with_changes(star_arg=star, kwonly_params=[*params.kwonly_params, cst.Param(cst.Name(name))])
+        added = [cst.Param(cst.Name(name)) for name in names]
+        return params.with_changes(star_arg=star, kwonly_params=[*params.kwonly_params, *added])
 
     return edit
 
 
-def _add_argument(name: str):
+def _add_arguments(names: List[str]):
     def edit(call: cst.Call) -> cst.Call:
         args = list(call.args)
         if args:
             args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        return call.with_changes(args=[*args, cst.Arg(cst.Name(name), keyword=cst.Name(name),
-                                                      equal=cst.AssignEqual(cst.SimpleWhitespace(""),
-                                                                            cst.SimpleWhitespace("")))])
+        equal = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
+        added = [cst.Arg(cst.Name(name), keyword=cst.Name(name), equal=equal) for name in names]
+        return call.with_changes(args=[*args, *added])
 
     return edit
 
 
-def _add_import(name: str):
+def _add_imports(names: List[str]):
     def edit(statement: cst.ImportFrom):
-        names = list(statement.names)
-        names[-1] = names[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        return [statement.with_changes(names=[*names, cst.ImportAlias(cst.Name(name))])]
+        aliases = list(statement.names)
+        aliases[-1] = aliases[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return [statement.with_changes(names=[*aliases, *(cst.ImportAlias(cst.Name(name)) for name in names)])]
 
     return edit

@@ -81,6 +81,26 @@ def test_when_one_file_cannot_be_tied_both_keep_amp_and_name_each_other():
     assert b"amp.initialize(model, optimizer" in main.migrated and b"amp.scale_loss(" in trainer.migrated
 
 
+def test_a_device_known_only_at_run_time_travels_with_the_grad_scaler():
+    main = MAIN.replace(".cuda()", ".to(args.device)")
+    results = migrate_sources(_sources({"main": main, "pkg/trainer": TRAINER}))
+    main_out, trainer = results[Path("repo/main.py")], results[Path("repo/pkg/trainer.py")]
+    assert main_out.exit_status == trainer.exit_status == 0
+    assert b"amp_device_type = next(model.parameters()).device.type" in main_out.migrated
+    assert b"train(loader, model, optimizer, epoch, scaler=scaler, amp_device_type=amp_device_type)" in \
+        main_out.migrated
+    assert b"def train(loader, model, optimizer, epoch, *, scaler, amp_device_type):" in trainer.migrated
+    assert b"with torch.autocast(device_type=amp_device_type, dtype=torch.float16):" in trainer.migrated
+
+
+def test_two_initialize_calls_elsewhere_are_named():
+    twice = MAIN.replace("    for epoch", "    model, optimizer = amp.initialize(model, optimizer)\n    for epoch")
+    results = migrate_sources(_sources({"main": twice, "pkg/trainer": TRAINER}))
+    trainer = results[Path("repo/pkg/trainer.py")]
+    assert trainer.exit_status == 1
+    assert "amp.initialize is called more than once (main.py:9, main.py:10)" in trainer.todos[0].message
+
+
 def test_files_are_returned_in_order_and_an_unparsable_one_keeps_its_bytes():
     sources = _sources({"broken": "def f(:\n", "main": MAIN, "pkg/trainer": TRAINER})
     results = migrate_sources(sources)

@@ -58,7 +58,8 @@ class Guard:
 
 
 def read_guard(analysis: Analysis, node: cst.CSTNode) -> Guard:
-    """The conditions under which `node` runs, from the `if`s (and `elif`/`else`) around it."""
+    """The conditions under which `node` runs, from the `if`s (and `elif`/`else`) around it. A script's
+    `if __name__ == "__main__":` is no condition: it holds whenever the script trains."""
     chain: List[cst.CSTNode] = [node]
     for ancestor in analysis.ancestors(node):
         if isinstance(ancestor, _SCOPE_OWNERS):
@@ -67,6 +68,8 @@ def read_guard(analysis: Analysis, node: cst.CSTNode) -> Guard:
     guard = Guard()
     pending: List[Tuple[cst.CSTNode, str]] = []
     for child, parent in zip(chain, chain[1:]):
+        if isinstance(parent, cst.If) and child is parent.body and _is_main_guard(parent.test):
+            continue
         if isinstance(parent, cst.If) and child is not parent.test:
             guard.conditions.append(Condition(parent.test, child is parent.body, parent))
             guard.blocking.extend(pending)
@@ -75,6 +78,13 @@ def read_guard(analysis: Analysis, node: cst.CSTNode) -> Guard:
             pending.append((parent, _BLOCKING[type(parent)]))
     guard.conditions.reverse()
     return guard
+
+
+def _is_main_guard(test: cst.BaseExpression) -> bool:
+    return isinstance(test, cst.Comparison) and dotted_text(test.left) == "__name__" and len(test.comparisons) == 1 \
+        and isinstance(test.comparisons[0].operator, cst.Equal) \
+        and isinstance(test.comparisons[0].comparator, cst.SimpleString) \
+        and test.comparisons[0].comparator.evaluated_value == "__main__"
 
 
 def is_pure(node: cst.BaseExpression) -> bool:

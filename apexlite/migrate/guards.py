@@ -41,7 +41,10 @@ class Condition:
 
 
 def key(analysis: Analysis, test: cst.BaseExpression, positive: bool) -> Tuple[str, bool]:
-    """What two tests compare by: their code without spaces or outer parentheses, and the branch taken."""
+    """What two tests compare by: their code without spaces or outer parentheses, and the branch taken
+    (`else` of `if not fp16:` is `fp16` holding)."""
+    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test, positive = test.expression, not positive
     return re.sub(r"\s+", "", analysis.code(test)).strip("()"), positive
 
 
@@ -232,6 +235,15 @@ def check_guard(plan: Plan, guard: Guard, call: cst.Call, small: cst.BaseSmallSt
     analysis = plan.analysis
     tests = [condition.test for condition in guard.conditions]
     shown = " and ".join(f"{'' if c.positive else 'not '}{analysis.code(c.test).strip()}" for c in guard.conditions)
+    for test in tests + ([enabled_node] if enabled_node is not None else []):
+        apex_names = [use for use in analysis.uses if any(node is use.node for node in _chains(test))]
+        if apex_names:
+            for use in apex_names:
+                plan.handle(use.node)
+            plan.todo(call, f"amp.initialize runs only when `{analysis.code(test).strip()}`, a test of apex itself, "
+                            "which the migrated script no longer imports: test your own flag (e.g. --fp16) instead "
+                            "and run migrate again")
+            return
     for test in tests:
         if not is_pure(test):
             plan.todo(call, f"amp.initialize runs only when `{analysis.code(test).strip()}`, which migrate cannot "

@@ -53,6 +53,7 @@ class Plan:
     handled: set = field(default_factory=set)  # ids of apex-use nodes some planner took care of
     needs_torch: bool = False
     flags: Dict[str, str] = field(default_factory=dict)  # migrate options a rerun needs: "--opt-level" -> "O1"
+    merged_edits: bool = False  # a child plan's edits were kept (the amp part changed this file)
 
     # --- recording -----------------------------------------------------------------------------------
     def todo(self, node: cst.CSTNode, message: str) -> None:
@@ -116,6 +117,8 @@ class Plan:
                 mine.extend(text for text in kept if text not in mine)
         if not keep_edits:
             return
+        self.merged_edits = self.merged_edits or bool(child.expressions or child.small or child.statements
+                                                      or child.wraps or child.before)
         for node, edit in child.expressions.items():
             self.replace_expression(node, edit)
         for node, small_edit in child.small.items():

@@ -194,9 +194,12 @@ def _migrate_group(parsed, sources: Mapping[Path, bytes], group: _Group, options
     if unsound and setup is not None:
         key, names = unsound[0]
         where = f" (in {_shown(group.keys)(key)})" if len(group.keys) > 1 and key != group.home else ""
+        first_plans = plans
         plans, setup = _plan(parsed, group, options, _refusal(names, where), resolve)
-        migrated = {key: _apply(parsed[key][0], plans[key], setup) for key in group.keys}
-        checks = {key: _soundness_error(parsed[key][0], sources[key], migrated[key]) for key in group.keys}
+        for key in group.keys:  # a file amp did not change comes out as before: no need to apply it again
+            if first_plans[key].merged_edits or plans[key].todos != first_plans[key].todos:
+                migrated[key] = _apply(parsed[key][0], plans[key], setup)
+                checks[key] = _soundness_error(parsed[key][0], sources[key], migrated[key])
     return {key: _result(sources[key], migrated[key], plans[key],
                          setup if any(is_amp(use) for use in parsed[key][1].uses) else None, checks[key][0])
             for key in group.keys}
@@ -245,7 +248,11 @@ def migrate_sources(sources: Mapping[Path, bytes],
             results[key] = MigrationResult(source, source, error="it is nested too deeply to rewrite; nothing changed")
     resolve = module_resolver(list(parsed))
     for group in _groups(parsed):
-        results.update(_migrate_group(parsed, sources, group, options, resolve))
+        try:
+            results.update(_migrate_group(parsed, sources, group, options, resolve))
+        except RecursionError:
+            results.update({key: MigrationResult(sources[key], sources[key], error="it is nested too deeply to "
+                                                 "rewrite; nothing changed") for key in group.keys})
     return {key: results[key] for key in sources}
 
 

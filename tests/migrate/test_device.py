@@ -33,24 +33,24 @@ def test_detect(code, expected):
     assert detect(analysis) == expected
 
 
-@pytest.mark.parametrize("code,expected", [(c, e) for c, e in CASES if e != CPU][:3] + [("model = Net()", CPU)])
-def test_the_migrated_script_uses_it(code, expected):
-    source = (f"import torch\nfrom apex import amp\nclass Net(torch.nn.Module):\n    pass\n{code}\n"
-              "model = torch.nn.Linear(2, 2)\n"
-              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+def _migrated(prelude, model="torch.nn.Linear(2, 2)"):
+    """An O1 script whose model is `model`, after `prelude`, migrated."""
+    source = (f"import torch\nfrom apex import amp\nclass Net(torch.nn.Module):\n    pass\n{prelude}\n"
+              f"model = {model}\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
               "model, opt = amp.initialize(model, opt, opt_level='O1')\n"
               "loss = model(x).sum()\nwith amp.scale_loss(loss, opt) as scaled:\n    scaled.backward()\nopt.step()\n")
-    code_out = migrate_source(source.encode()).migrated.decode()
+    return migrate_source(source.encode()).migrated.decode()
+
+
+@pytest.mark.parametrize("code,expected", [(c, e) for c, e in CASES if e != CPU][:3] + [("model = Net()", CPU)])
+def test_the_migrated_script_uses_it(code, expected):
+    code_out = _migrated(code)
     assert f'torch.amp.GradScaler("{expected}")' in code_out
     assert f'torch.autocast(device_type="{expected}", dtype=torch.float16)' in code_out
 
 
 def test_runtime_device_comes_from_the_model():
-    source = ("import torch\nfrom apex import amp\nmodel = torch.nn.Linear(2, 2).to(args.device)\n"
-              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-              "model, opt = amp.initialize(model, opt, opt_level='O1')\n"
-              "loss = model(x).sum()\nwith amp.scale_loss(loss, opt) as scaled:\n    scaled.backward()\nopt.step()\n")
-    code = migrate_source(source.encode()).migrated.decode()
+    code = _migrated("", model="torch.nn.Linear(2, 2).to(args.device)")
     assert "amp_device_type = next(model.parameters()).device.type\n" in code
     assert "torch.amp.GradScaler(amp_device_type)" in code
     assert "torch.autocast(device_type=amp_device_type, dtype=torch.float16)" in code
@@ -78,9 +78,5 @@ def test_a_model_built_elsewhere_may_be_anywhere(code, expected):
 
 
 def test_a_model_from_a_factory_reads_its_device_at_run_time():
-    source = ("import torch\nfrom apex import amp\nfrom models import create_model\nmodel = create_model(opt)\n"
-              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-              "model, opt = amp.initialize(model, opt, opt_level='O1')\n"
-              "loss = model(x).sum()\nwith amp.scale_loss(loss, opt) as scaled:\n    scaled.backward()\nopt.step()\n")
-    code = migrate_source(source.encode()).migrated.decode()
+    code = _migrated("from models import create_model", model="create_model(opt)")
     assert "torch.amp.GradScaler(amp_device_type)" in code

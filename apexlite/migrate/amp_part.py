@@ -9,7 +9,7 @@ APIs.
 from __future__ import annotations
 
 import re
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional
 
 import libcst as cst
 
@@ -20,7 +20,9 @@ from apexlite.migrate.device import RUNTIME
 from apexlite.migrate.edits import Plan, expression, small_statement
 from apexlite.migrate.initialize import AUTOCAST, HALF, KEEP, NONE, AmpSetup, read
 from apexlite.migrate.options import MigrateOptions
+from apexlite.migrate.reach import Key, Resolver, Unit, link
 from apexlite.migrate.scale_loss import ScaleLossPlanner
+from apexlite.migrate.scaler_passing import plan_threads
 from apexlite.migrate.state_dicts import plan_state
 
 DISABLE_CASTS = "apex.amp.handle.disable_casts"
@@ -42,42 +44,97 @@ def is_amp(use: ApexUse) -> bool:
     return use.api == apis.AMP_MODULE or use.api.startswith(apis.AMP_MODULE + ".")
 
 
-def plan_amp(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]:
-    """Plan the amp part into `plan`; returns the setup when it was migrated (or kept on apexlite)."""
-    amp_uses = [use for use in plan.analysis.uses if is_amp(use)]
-    if not amp_uses:
+def plan_amp_files(plans: Dict[Key, Plan], home: Optional[Key], options: MigrateOptions, device: str,
+                   refused: Optional[str] = None, resolve: Resolver = lambda key, node: None,
+                   shown: Callable[[Key], str] = str, elsewhere: str = "") -> Optional[AmpSetup]:
+    """Plan the amp part of files migrated together (`home`: the one with amp.initialize), all or nothing
+    across them: each file's edits are kept only when no file's amp part left a TODO. `shown`: a file's
+    name in messages; `elsewhere`: the amp.initialize calls of other files, when they are several."""
+    uses = {key: [use for use in plan.analysis.uses if is_amp(use)] for key, plan in plans.items()}
+    if not any(uses.values()):
         return None
-    child = plan.child()
-    setup = read(child, options, device)
+    children = {key: plan.child() for key, plan in plans.items()}
+    setup = read(children[home], options, device) if home is not None else None
     if setup is None:
-        if not child.todos:
-            for use in amp_uses:
-                hint = NATIVE_HINTS.get(use.api)
-                child.todo(use.node, f"`{child.analysis.code(use.node)}` has no certain torch rewrite: {hint}" if hint
-                           else "amp.initialize is not in this file, so migrate cannot tell what this amp call "
-                                "becomes; migrate the file that calls amp.initialize, or keep apexlite's amp")
-    elif setup.recipe == KEEP:
-        _plan_keep(child, setup, amp_uses)
+        if not any(child.todos for child in children.values()):
+            for key, file_uses in uses.items():
+                _plan_without_setup(children[key], file_uses, elsewhere)
     else:
-        planner = ScaleLossPlanner(child, setup)
-        planner.plan_all()
-        plan_master_params(child, setup, planner)
-        plan_state(child, setup, planner)
-        _plan_other(child, setup, amp_uses)
-        _plan_initialize_statement(child, setup, planner)
-    for use in amp_uses:
-        child.handle(use.node)
-    migrated = setup is not None and not child.todos
-    plan.merge(child, keep_edits=migrated)
+        ties = link({key: plan.analysis for key, plan in plans.items()}, home, setup.call, setup.optimizer_nodes,
+                    setup.model_nodes, resolve)
+        units = [Unit(key, children[key], ties[key], key == home) for key in plans]
+        origin = f"{shown(home)}:{setup.use.line}" if len(plans) > 1 else ""
+        if setup.recipe == KEEP:
+            for unit in units:
+                _plan_keep(unit, setup, uses[unit.key])
+        else:
+            _plan_native(units, setup, uses, origin)
+        if refused is not None:
+            children[home].todo(setup.call, refused)
+    migrated = setup is not None and not any(child.todos for child in children.values())
+    if setup is not None and not migrated:
+        _name_the_other_files(children, uses, shown)
+    for key, plan in plans.items():
+        for use in uses[key]:
+            children[key].handle(use.node)
+        plan.merge(children[key], keep_edits=migrated)
     return setup if migrated else None
 
 
-def _plan_keep(plan: Plan, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
+def _plan_native(units: List[Unit], setup: AmpSetup, uses: Dict[Key, List[ApexUse]], origin: str) -> None:
+    planner = ScaleLossPlanner(units, setup, origin)
+    planner.plan_all()
+    for unit in units:
+        plan_master_params(unit, setup, planner)
+        plan_state(unit, setup, planner)
+        _plan_other(unit, setup, uses[unit.key])
+    home = next(unit for unit in units if unit.home)
+    _plan_initialize_statement(home.plan, setup, planner)
+    device = setup.device_expr if setup.device == RUNTIME and _needs_device(setup, uses) else None
+    plan_threads({unit.key: unit.plan for unit in units}, {unit.key: unit.ties for unit in units},
+                 [scaler.name for scaler in planner.scalers], device)
+
+
+def _needs_device(setup: AmpSetup, uses: Dict[Key, List[ApexUse]]) -> bool:
+    """Whether the code amp reaches needs the device type: autocast regions, or amp.disable_casts()."""
+    return setup.recipe == AUTOCAST or any(use.api == DISABLE_CASTS for file_uses in uses.values()
+                                           for use in file_uses)
+
+
+def _plan_without_setup(plan: Plan, amp_uses: List[ApexUse], elsewhere: str) -> None:
+    missing = ("amp.initialize is not in this file (nor in a file migrated with it), so migrate cannot tell what "
+               "this amp call becomes; migrate it together with the file that calls amp.initialize, or keep "
+               "apexlite's amp")
+    if elsewhere:
+        missing = (f"amp.initialize is called more than once ({elsewhere}), so migrate cannot tell which setup "
+                   "this amp call belongs to: migrate the amp part by hand, or keep apexlite's amp")
+    for use in amp_uses:
+        hint = NATIVE_HINTS.get(use.api)
+        plan.todo(use.node, f"`{plan.analysis.code(use.node)}` has no certain torch rewrite: {hint}" if hint
+                  else missing)
+
+
+def _name_the_other_files(children: Dict[Key, Plan], uses: Dict[Key, List[ApexUse]],
+                          shown: Callable[[Key], str]) -> None:
+    """All or nothing across files: a file whose own amp part was fine says which other file holds it back."""
+    blocked = [(shown(key), min(todo.line for todo in child.todos)) for key, child in children.items() if child.todos]
+    for key, child in children.items():
+        if child.todos or not uses[key]:
+            continue
+        where = ", ".join(f"{other}:{line}" for other, line in blocked)
+        node = next((use.node for use in uses[key] if use.api == apis.INITIALIZE), uses[key][0].node)
+        child.todo(node, f"amp here is migrated together with {where} (one GradScaler for both files, all or "
+                         "nothing): do what the TODO there says, then run migrate on both files again")
+
+
+def _plan_keep(unit: Unit, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
     """O2 stays on apexlite's amp: only the import changes (imports.py), if every use is one apexlite.amp has."""
-    plan.notes.append("O2 keeps amp, now imported from apexlite (`from apexlite import amp`): torch has no "
-                      "fp32-master-weights recipe; --o2=bf16-autocast moves it to bf16 autocast instead")
-    plan.comment(setup.call, "O2 keeps amp from apexlite (torch has no fp32-master-weights recipe); "
-                             "`apexlite migrate --o2=bf16-autocast` moves it to bf16 autocast")
+    plan = unit.plan
+    if unit.home:
+        plan.notes.append("O2 keeps amp, now imported from apexlite (`from apexlite import amp`): torch has no "
+                          "fp32-master-weights recipe; --o2=bf16-autocast moves it to bf16 autocast instead")
+        plan.comment(setup.call, "O2 keeps amp from apexlite (torch has no fp32-master-weights recipe); "
+                                 "`apexlite migrate --o2=bf16-autocast` moves it to bf16 autocast")
     for use in amp_uses:
         if use.bound == apis.AMP_MODULE:
             first = use.written[len(apis.AMP_MODULE) + 1:].split(".")[0]
@@ -90,18 +147,26 @@ def _plan_keep(plan: Plan, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
                                 "`from apexlite import amp` and use amp's public functions")
 
 
-def _plan_other(plan: Plan, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
+def _plan_other(unit: Unit, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
+    plan = unit.plan
     for use in amp_uses:
         if plan.is_handled(use.node) or use.api == apis.INITIALIZE:
             continue
         call = plan.analysis.call_of(use)
+        if use.api == DISABLE_CASTS and call is not None and not call.args and setup.device == RUNTIME \
+                and not unit.ties.reaches_scaler(call):
+            plan.todo(call, f"amp.disable_casts() becomes torch.autocast(device_type=..., enabled=False), and the "
+                            f"device type is only known next to amp.initialize ({setup.device_expr}); pass it in "
+                            "and run migrate again")
+            continue
         if use.api == DISABLE_CASTS and call is not None and not call.args:
             code = f"torch.autocast(device_type={setup.device_expr}, enabled=False)"
             plan.replace_expression(call, lambda _: expression(code))
             plan.needs_torch = True
             continue
-        _, status = apis.status(use.written)
-        hint = NATIVE_HINTS.get(use.api, f"apexlite lists it as {status}")
+        hint = NATIVE_HINTS.get(use.api, "it is amp's own machinery: write what it did with torch.autocast and the "
+                                         "torch.amp.GradScaler (scaler.get_scale(), scaler.unscale_(optimizer), "
+                                         "...), or keep apexlite's amp (`from apexlite import amp`)")
         plan.todo(use.node, f"`{plan.analysis.code(use.node)}` has no certain torch rewrite: {hint}")
 
 
@@ -110,40 +175,49 @@ def _normalised(code: str) -> str:
 
 
 def _plan_initialize_statement(plan: Plan, setup: AmpSetup, planner: ScaleLossPlanner) -> None:
+    """The call becomes the recipe's statements. Under `if flag:` the device and the GradScalers (which
+    every path reads) go above the outermost `if`, with `enabled=` saying when amp ran; what only the
+    flagged path does (O3's casts) stays inside."""
     analysis = plan.analysis
     value_code = analysis.code(setup.models_arg) + (
         f", {analysis.code(setup.optimizers_arg)}" if setup.optimizers_arg is not None else "")
     keep_assignment = isinstance(setup.statement, cst.Assign) and _normalised(
         analysis.code(setup.statement.targets[0].target)) != _normalised(value_code)
-    lines: List[str] = []
+    every_path: List[str] = []
+    in_place: List[str] = []
     needs_device = setup.recipe == AUTOCAST or planner.scalers or any(
         use.api == DISABLE_CASTS for use in analysis.uses)
     if setup.device == RUNTIME and needs_device:
-        lines.append(f"{setup.device_expr} = next({setup.models[0]}.parameters()).device.type")
+        every_path.append(f"{setup.device_expr} = next({setup.models[0]}.parameters()).device.type")
     if setup.recipe == HALF:
         cast = "half()" if setup.dtype == "float16" else "to(torch.bfloat16)"
         for model in setup.models:
-            lines.append(f"{model}.{cast}")
-            lines.append(f"{model}.register_forward_pre_hook(\n    lambda module, args: tuple(a.{cast} if "
-                         "torch.is_tensor(a) and a.is_floating_point() else a for a in args))")
+            in_place.append(f"{model}.{cast}")
+            in_place.append(f"{model}.register_forward_pre_hook(\n    lambda module, args: tuple(a.{cast} if "
+                            "torch.is_tensor(a) and a.is_floating_point() else a for a in args))")
     enabled = f", enabled={setup.enabled}" if setup.enabled else ""
     static = "" if setup.loss_scale == "dynamic" else f", init_scale={float(setup.loss_scale)!r}, growth_interval=2**31 - 1"
     for scaler in planner.scalers:
-        lines.append(f"{scaler.name} = torch.amp.GradScaler({setup.device_expr}{static}{enabled})")
-    plan.comment(setup.call, _summary(setup, planner))
+        every_path.append(f"{scaler.name} = torch.amp.GradScaler({setup.device_expr}{static}{enabled})")
+    plan.comment(setup.anchor, _summary(setup, planner))
     if static and planner.scalers:
-        plan.comment(setup.call, f"apex's static loss_scale={setup.loss_scale!r}: GradScaler has no static mode, so "
-                                 "its growth is disabled; unlike apex, an overflowing step is skipped and halves it")
+        plan.comment(setup.anchor, f"apex's static loss_scale={setup.loss_scale!r}: GradScaler has no static mode, "
+                                   "so its growth is disabled; unlike apex, an overflowing step is skipped and "
+                                   "halves it")
     if setup.recipe == HALF:
-        plan.comment(setup.call, f"O3 traps: no fp32 master weights (updates below {setup.dtype}'s resolution are "
-                                 f"lost), batchnorm and optimizer state in {setup.dtype}, only positional tensor "
-                                 "inputs are cast; torch.autocast (O1) is the safer recipe")
-    plan.needs_torch = plan.needs_torch or bool(lines)
+        plan.comment(setup.anchor, f"O3 traps: no fp32 master weights (updates below {setup.dtype}'s resolution "
+                                   f"are lost), batchnorm and optimizer state in {setup.dtype}, only positional "
+                                   "tensor inputs are cast; torch.autocast (O1) is the safer recipe")
+    if setup.guard.outermost is not None:
+        plan.insert_before(setup.guard.outermost, every_path)
+    else:
+        in_place = every_path + in_place
+    plan.needs_torch = plan.needs_torch or bool(every_path or in_place)
     value = expression(value_code) if keep_assignment else None
 
     def edit(updated: cst.BaseSmallStatement):
         kept = [updated.with_changes(value=value)] if value is not None else []
-        return kept + [small_statement(line) for line in lines]
+        return kept + [small_statement(line) for line in in_place]
 
     plan.replace_small(setup.statement, edit)
 
@@ -156,4 +230,7 @@ def _summary(setup: AmpSetup, planner: ScaleLossPlanner) -> str:
         HALF: f"the model cast to {setup.dtype} (pure low-precision training){scaling}",
         NONE: f"plain fp32 training{scaling}",
     }[setup.recipe]
+    if setup.guard.conditions and (scalers or setup.recipe == AUTOCAST):
+        return (f"amp.initialize (opt_level {setup.level}) ran only when `{setup.enabled}`: it became {what}, "
+                "on every path, enabled by that flag")
     return f"amp.initialize (opt_level {setup.level}) became {what}"

@@ -119,10 +119,10 @@ def _write_atomically(path: str, data: bytes) -> None:
         raise
 
 
-def _report(result, script: str, shown_as: str, out: TextIO) -> None:
+def _report(result, script: str, shown_as: str, out: TextIO, todo_lines_in_original: bool = False) -> None:
     from apexlite.migrate.report import format_report
 
-    out.write(format_report(result, script, shown_as))
+    out.write(format_report(result, script, shown_as, todo_lines_in_original))
 
 
 def main(argv: List[str]) -> int:
@@ -158,7 +158,7 @@ def main(argv: List[str]) -> int:
     report_stream = sys.stdout if (args.output or args.in_place) else sys.stderr
     if args.diff:
         sys.stdout.writelines(_diff(result.original, result.migrated, args.script))
-        shown_as = f"b/{args.script}"
+        shown_as = args.script
     elif args.output or args.in_place:
         shown_as = args.output or args.script
         if args.output or result.changed:
@@ -168,7 +168,7 @@ def main(argv: List[str]) -> int:
         sys.stdout.buffer.write(result.migrated)
         sys.stdout.flush()
         shown_as = "<stdout>"
-    _report(result, args.script, shown_as, report_stream)
+    _report(result, args.script, shown_as, report_stream, todo_lines_in_original=args.diff)
     status = result.exit_status
     if args.verify:
         from apexlite.migrate.verify import verify_migration

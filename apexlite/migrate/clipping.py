@@ -13,29 +13,33 @@ import libcst as cst
 
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import dotted_text
-from apexlite.migrate.edits import Plan, expression, small_statement, statement
+from apexlite.migrate.edits import expression, small_statement, statement
 from apexlite.migrate.initialize import AmpSetup
+from apexlite.migrate.reach import Unit
 from apexlite.migrate.scale_loss import ScaleLossPlanner
 
 CLIP_FUNCTIONS = ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grad_value")
 
 
-def params_code(setup: AmpSetup, optimizer: int) -> str:
-    if len(setup.model_nodes) == 1 and len(setup.optimizer_nodes) == 1:
+def params_code(unit: Unit, setup: AmpSetup, optimizer: cst.BaseExpression) -> str:
+    """The parameters `amp.master_params(optimizer)` stood for: the model's, where amp.initialize's single
+    model is in reach under its name, else the optimizer's own."""
+    if len(setup.model_nodes) == 1 and len(setup.optimizer_nodes) == 1 and unit.home \
+            and unit.analysis.same_binding(optimizer, setup.optimizer_nodes[0]):
         return f"{setup.models[0]}.parameters()"
-    return f'(p for group in {setup.optimizers[optimizer]}.param_groups for p in group["params"])'
+    return f'(p for group in {unit.analysis.code(optimizer)}.param_groups for p in group["params"])'
 
 
-def _clip_call(plan: Plan, call: cst.Call) -> bool:
+def _clip_call(unit: Unit, call: cst.Call) -> bool:
     """Whether `call` is the first argument of a gradient-clipping function."""
-    arg = plan.analysis.parent(call)
-    outer = plan.analysis.parent(arg) if isinstance(arg, cst.Arg) else None
+    arg = unit.analysis.parent(call)
+    outer = unit.analysis.parent(arg) if isinstance(arg, cst.Arg) else None
     return isinstance(outer, cst.Call) and outer.args and outer.args[0] is arg and \
         (dotted_text(outer.func) or "").rsplit(".", 1)[-1] in CLIP_FUNCTIONS
 
 
-def plan_master_params(plan: Plan, setup: AmpSetup, scale_loss: ScaleLossPlanner) -> None:
-    analysis = plan.analysis
+def plan_master_params(unit: Unit, setup: AmpSetup, scale_loss: ScaleLossPlanner) -> None:
+    analysis, plan = unit.analysis, unit.plan
     for use in analysis.uses_of(apis.MASTER_PARAMS):
         plan.handle(use.node)
         call = analysis.call_of(use)
@@ -43,20 +47,24 @@ def plan_master_params(plan: Plan, setup: AmpSetup, scale_loss: ScaleLossPlanner
             plan.todo(use.node, "amp.master_params is used other than as amp.master_params(optimizer); use the "
                                 "optimizer's params (after scaler.unscale_(optimizer) if gradients are read)")
             continue
-        index = scale_loss._optimizer_index(call.args[0].value)
+        optimizer = call.args[0].value
+        index = unit.ties.optimizer(optimizer)
         if index is None:
             plan.todo(call, "amp.master_params names an optimizer migrate cannot tie to amp.initialize's; use its "
                             "params (after scaler.unscale_(optimizer) if gradients are read)")
             continue
         scaler = scale_loss.scaler_of_optimizer.get(index)
-        params = params_code(setup, index)
+        params = params_code(unit, setup, optimizer)
         plan.replace_expression(call, lambda _, params=params: expression(params))
         if scaler is None:
             continue
-        unscale = f"{scaler.name}.unscale_({setup.optimizers[index]})"
+        unscale = f"{scaler.name}.unscale_({analysis.code(optimizer)})"
         parent = analysis.parent(call)
         small = analysis.small_statement_of(call)
-        if _clip_call(plan, call) and small is not None and small not in plan.small:
+        if not unit.ties.reaches_scaler(call):
+            plan.todo(call, f"the gradients are read here, after `{unscale}`, but the GradScaler cannot be read "
+                            "here; pass it in like the optimizer and run migrate again")
+        elif _clip_call(unit, call) and small is not None and small not in plan.small:
             plan.replace_small(small, lambda updated, unscale=unscale: [small_statement(unscale), updated])
         elif isinstance(parent, cst.For) and parent.iter is call and parent not in plan.statements:
             plan.replace_statement(parent, lambda updated, unscale=unscale: [statement(unscale + "\n"), updated])

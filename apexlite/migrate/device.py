@@ -1,9 +1,11 @@
 """The device type a script trains on, as autocast and GradScaler need it.
 
 "cuda" when the script names CUDA literally (`.cuda()`, `.to("cuda")`, `device="cuda:0"`,
-`torch.device("cuda")`) and nothing else; "cpu" when it never touches a device at all; otherwise
-(`.to(args.device)`, `torch.device(name)`, `torch.cuda.is_available()` choices) the device is only
-known at run time, and the migrated script reads it from the model's parameters instead of guessing.
+`torch.device("cuda")`) and nothing else; "cpu" when it never touches a device at all and builds its
+models itself (torch's modules, its own classes); otherwise (`.to(args.device)`, `torch.device(name)`,
+`torch.cuda.is_available()` choices, a model made by another module's `create_model(opt)`, which may
+well move it to the GPU) the device is only known at run time, and the migrated script reads it from
+the model's parameters instead of guessing.
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import ast
 from typing import Optional
 
 import libcst as cst
+
+from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
 
 from apexlite.migrate.analysis import Analysis, dotted_text, walk
 
@@ -69,3 +73,48 @@ def detect(analysis: Analysis) -> str:
     if RUNTIME in kinds or len(kinds - {CPU}) > 1 or (CUDA in kinds and CPU in kinds):
         return RUNTIME
     return CUDA if CUDA in kinds else CPU
+
+
+_KNOWN_ROOTS = ("torch", "apex")  # constructors that leave a model where it was built (on the CPU)
+
+
+def built_here(analysis: Analysis, model: cst.BaseExpression) -> bool:
+    """Whether every assignment to `model`'s name in the script builds it from torch (or apex) or from a
+    class or function the script defines, so that a script naming no device trains on the CPU."""
+    text = dotted_text(model)
+    if text is None:
+        return False
+    found = False
+    for target in walk(analysis.module, cst.AssignTarget):
+        parts = target.target.elements if isinstance(target.target, (cst.Tuple, cst.List)) else None
+        names = [dotted_text(part.value) for part in parts] if parts is not None else [dotted_text(target.target)]
+        if text not in names:
+            continue
+        statement = analysis.parent(target)
+        value = statement.value if isinstance(statement, cst.Assign) else None
+        if parts is not None:
+            if not (isinstance(value, (cst.Tuple, cst.List)) and len(value.elements) == len(parts)):
+                continue  # `model, optimizer = amp.initialize(...)` and the like: judged by the other assignments
+            value = value.elements[names.index(text)].value
+        if not _known_constructor(analysis, value, text):
+            return False
+        found = True
+    return found
+
+
+def _known_constructor(analysis: Analysis, value: cst.BaseExpression, text: str) -> bool:
+    if not isinstance(value, cst.Call):
+        return dotted_text(value) == text
+    func = value.func
+    if isinstance(func, cst.Attribute) and dotted_text(func.value) == text:  # model = model.float()
+        return True
+    qualified = analysis.get_metadata(QualifiedNameProvider, func, set())
+    return bool(qualified) and all(
+        name.name.split(".")[0] in _KNOWN_ROOTS or (name.source is QualifiedNameSource.LOCAL and "." not in name.name
+                                                    and _defined_here(analysis, name.name))
+        for name in qualified)
+
+
+def _defined_here(analysis: Analysis, name: str) -> bool:
+    return any(isinstance(statement, (cst.ClassDef, cst.FunctionDef)) and statement.name.value == name
+               for statement in analysis.module.body)

@@ -45,12 +45,15 @@ class Plan:
     small: Dict[cst.BaseSmallStatement, SmallEdit] = field(default_factory=dict)
     statements: Dict[cst.BaseStatement, StatementEdit] = field(default_factory=dict)
     wraps: List[Tuple[cst.BaseStatement, cst.BaseStatement, WithHeader]] = field(default_factory=list)
+    before: Dict[cst.BaseStatement, List[str]] = field(default_factory=dict)  # code of statements put above one
     comments: Dict[cst.BaseStatement, List[str]] = field(default_factory=dict)
     todos: List[Todo] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     names: set = field(default_factory=set)  # fresh names handed out
     handled: set = field(default_factory=set)  # ids of apex-use nodes some planner took care of
     needs_torch: bool = False
+    flags: Dict[str, str] = field(default_factory=dict)  # migrate options a rerun needs: "--opt-level" -> "O1"
+    merged_edits: bool = False  # a child plan's edits were kept (the amp part changed this file)
 
     # --- recording -----------------------------------------------------------------------------------
     def todo(self, node: cst.CSTNode, message: str) -> None:
@@ -82,6 +85,10 @@ class Plan:
             raise ValueError(f"two edits of one statement at line {self.analysis.line(node)}")
         self.statements[node] = edit
 
+    def insert_before(self, node: cst.BaseStatement, codes: Sequence[str]) -> None:
+        """Put new statements (code, one each) right above `node`, a statement directly in a block."""
+        self.before.setdefault(node, []).extend(codes)
+
     def wrap(self, first: cst.BaseStatement, last: cst.BaseStatement, header: WithHeader) -> None:
         self.wraps.append((first, last, header))
 
@@ -101,6 +108,7 @@ class Plan:
     def merge(self, child: "Plan", keep_edits: bool) -> None:
         """Take `child`'s TODOs (always) and its edits and notes (only with `keep_edits`)."""
         self.todos.extend(child.todos)
+        self.flags.update(child.flags)
         self.handled |= child.handled
         for statement, texts in child.comments.items():
             kept = [text for text in texts if keep_edits or text.startswith(TODO_PREFIX)]
@@ -109,6 +117,8 @@ class Plan:
                 mine.extend(text for text in kept if text not in mine)
         if not keep_edits:
             return
+        self.merged_edits = self.merged_edits or bool(child.expressions or child.small or child.statements
+                                                      or child.wraps or child.before)
         for node, edit in child.expressions.items():
             self.replace_expression(node, edit)
         for node, small_edit in child.small.items():
@@ -116,6 +126,8 @@ class Plan:
         for node, statement_edit in child.statements.items():
             self.replace_statement(node, statement_edit)
         self.wraps.extend(child.wraps)
+        for node, codes in child.before.items():
+            self.insert_before(node, codes)
         self.notes.extend(child.notes)
         self.needs_torch = self.needs_torch or child.needs_torch
 
@@ -154,6 +166,7 @@ class Applier(cst.CSTTransformer):
         super().__init__()
         self.plan = plan
         self.wrap_starts = {first: (last, header) for first, last, header in plan.wraps}
+        self.emptied: set = set()  # ids of the `pass` statements put in blocks this pass emptied
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
         edit = self.plan.expressions.get(original_node)
@@ -162,7 +175,9 @@ class Applier(cst.CSTTransformer):
         if isinstance(original_node, (cst.Module, cst.IndentedBlock)):
             body, left = self._block(original_node.body, updated_node.body)
             if not body and isinstance(original_node, cst.IndentedBlock):
-                body, left = [cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=left)], []
+                filler = cst.Pass()
+                self.emptied.add(id(filler))
+                body, left = [cst.SimpleStatementLine(body=[filler], leading_lines=left)], []
             footer = [*left, *updated_node.footer] if any(line.comment for line in left) else updated_node.footer
             return updated_node.with_changes(body=body, footer=footer)
         if isinstance(original_node, cst.SimpleStatementSuite):
@@ -179,6 +194,7 @@ class Applier(cst.CSTTransformer):
             if allow_empty:
                 return []
             out = [cst.Pass()]
+            self.emptied.add(id(out[0]))
         last = len(out) - 1
         return [stmt.with_changes(semicolon=cst.MaybeSentinel.DEFAULT) if i == last else
                 stmt.with_changes(semicolon=cst.Semicolon(whitespace_after=cst.SimpleWhitespace(" ")))
@@ -214,7 +230,7 @@ class Applier(cst.CSTTransformer):
         for original, new in zip(originals, updated):
             produced = self._statement(original, new)
             if not produced:
-                carried.extend([*new.leading_lines, *self._comment_lines(original, ())])
+                carried.extend([*new.leading_lines, *self._comment_lines(original, ()), *_inner_comments(new)])
             elif carried:
                 produced[0] = produced[0].with_changes(leading_lines=_merge_leading(carried, produced[0].leading_lines))
                 carried = []
@@ -248,12 +264,80 @@ class Applier(cst.CSTTransformer):
                     leading_lines=[*new.leading_lines, *produced[0].leading_lines])
         elif isinstance(original, cst.SimpleStatementLine):
             produced = self._line(original, new)
+        elif self._emptied_if(new):
+            produced = []
         else:
-            produced = [new]
+            dead = self._dead_try(original, new) if isinstance(new, cst.Try) else None
+            produced = [new] if dead is None else dead
+        inserted = [statement(code + "\n") for code in self.plan.before.get(original, ())]
+        if inserted:
+            if produced:
+                inserted[0] = inserted[0].with_changes(leading_lines=produced[0].leading_lines)
+                produced[0] = produced[0].with_changes(leading_lines=[])
+            else:
+                inserted[0] = inserted[0].with_changes(leading_lines=new.leading_lines)
+            produced = [*inserted, *produced]
         if produced:
             lines = produced[0].leading_lines
             produced[0] = produced[0].with_changes(leading_lines=[*lines, *self._comment_lines(original, lines)])
         return produced
+
+    def _is_filler(self, body: cst.BaseSuite) -> bool:
+        """Whether `body` is only the `pass` this pass put in a block it emptied."""
+        smalls = body.body if isinstance(body, cst.SimpleStatementSuite) else (
+            body.body[0].body if len(body.body) == 1 and isinstance(body.body[0], cst.SimpleStatementLine) else ())
+        return len(smalls) == 1 and id(smalls[0]) in self.emptied
+
+    def _emptied_if(self, new: cst.BaseStatement) -> bool:
+        """An `if` with no `else` whose body migrate emptied and whose test has no side effect: it goes."""
+        from apexlite.migrate.guards import is_pure
+
+        return isinstance(new, cst.If) and new.orelse is None and self._is_filler(new.body) and is_pure(new.test)
+
+    def _dead_try(self, original: cst.Try, new: cst.Try) -> Optional[List[cst.BaseStatement]]:
+        """`try: <apex imports> [FLAG = True] except ImportError: ...` once migrate removed every import it
+        tried: nothing in it can raise ImportError any more, so it becomes its remaining assignments."""
+        if new.finalbody is not None or new.orelse is not None or not new.handlers \
+                or not all(_catches_import_error(handler) for handler in new.handlers):
+            return None
+        if self._is_filler(new.body):
+            return []
+        kept = list(new.body.body) if isinstance(new.body, cst.IndentedBlock) else None
+        if kept is None or len(kept) >= len(original.body.body) or not all(_constant_assignment(line) for line in kept):
+            return None
+        return [line.with_changes(leading_lines=new.leading_lines) if index == 0 else line
+                for index, line in enumerate(kept)]
+
+
+def _inner_comments(removed: cst.BaseStatement) -> List[cst.EmptyLine]:
+    """The comment lines inside a compound statement migrate removed (they stay, above the next one)."""
+    return [line for node in _walk_lines(removed) for line in node if line.comment is not None]
+
+
+def _walk_lines(node: cst.CSTNode):
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current is not node and isinstance(current, cst.BaseStatement):
+            yield current.leading_lines
+        stack.extend(reversed(current.children))
+
+
+def _catches_import_error(handler: cst.ExceptHandler) -> bool:
+    names = [handler.type] if not isinstance(handler.type, cst.Tuple) else [e.value for e in handler.type.elements]
+    return handler.type is not None and all(isinstance(name, cst.Name) and name.value in (
+        "ImportError", "ModuleNotFoundError") for name in names)
+
+
+def _constant_assignment(line: cst.BaseStatement) -> bool:
+    """`NAME = True` (or another literal constant): nothing that could raise."""
+    if not (isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 and isinstance(line.body[0], cst.Assign)):
+        return False
+    assign = line.body[0]
+    value = assign.value
+    return all(isinstance(target.target, cst.Name) for target in assign.targets) and (
+        isinstance(value, (cst.SimpleString, cst.Integer, cst.Float)) or
+        isinstance(value, cst.Name) and value.value in ("True", "False", "None"))
 
 
 def _merge_leading(carried: Sequence[cst.EmptyLine], existing: Sequence[cst.EmptyLine]) -> List[cst.EmptyLine]:

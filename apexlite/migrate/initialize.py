@@ -25,10 +25,11 @@ from apexlite.amp.frontend import parse_dtype
 from apexlite.amp.opt_levels import OPT_LEVELS, resolve_properties
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import ApexUse, dotted_text
-from apexlite.migrate.device import CPU, CUDA, RUNTIME
+from apexlite.migrate.device import CPU, CUDA, RUNTIME, built_here
 from apexlite.migrate.edits import Plan
+from apexlite.migrate.guards import Guard, check_guard, enabled_code, model_touched_before, read_guard
 from apexlite.migrate.options import O2_APEXLITE, MigrateOptions
-from apexlite.migrate.values import NOT_LITERAL, bind, elements, literal
+from apexlite.migrate.values import NOT_LITERAL, argparse_default, bind, elements, literal
 
 AUTOCAST, HALF, NONE, KEEP = "autocast", "half", "none", "keep"
 _SIGNATURE = inspect.signature(apexlite_initialize).parameters
@@ -58,10 +59,13 @@ class AmpSetup:
     dtype: str  # "float16" / "bfloat16"
     loss_scale: Any  # "dynamic", a float, or 1.0 (no scaler)
     num_losses: int
-    enabled: Optional[str]  # code of a run-time `enabled=` flag, passed on to autocast and GradScaler
+    enabled: Optional[str]  # code of `enabled=` for autocast and GradScaler: the `if`s and enabled= flag
     device: str = CPU
     device_expr: str = '"cpu"'
     notes: List[str] = field(default_factory=list)
+    guard: Guard = field(default_factory=Guard)  # the `if`s amp.initialize runs under
+    anchor: Optional[cst.CSTNode] = None  # where migrate's comments about the call go
+    flags: List[cst.BaseExpression] = field(default_factory=list)  # what `enabled` reads: the tests, enabled=
 
     @property
     def scaled(self) -> bool:
@@ -102,6 +106,8 @@ def _targets(statement: cst.BaseSmallStatement, has_optimizers: bool, models: Li
     found = [elements(part) if isinstance(part, (cst.List, cst.Tuple)) else [part] for part in parts]
     found += [[]] * (2 - len(found))
     model_targets, optimizer_targets = found
+    if has_optimizers and not optimizers and isinstance(parts[1], cst.Name):
+        optimizer_targets = []  # `model, _ = amp.initialize(model, [], ...)`: no optimizer, a throwaway name
     if model_targets is None or optimizer_targets is None or len(model_targets) != len(models) \
             or len(optimizer_targets) != len(optimizers) \
             or any(dotted_text(item) is None for item in model_targets + optimizer_targets):
@@ -109,68 +115,98 @@ def _targets(statement: cst.BaseSmallStatement, has_optimizers: bool, models: Li
     return model_targets, optimizer_targets
 
 
-def _level(plan: Plan, options: MigrateOptions, bound, call: cst.Call) -> Optional[str]:
+def _level(plan: Plan, options: MigrateOptions, bound, call: cst.Call, anchor: cst.CSTNode) -> Optional[str]:
+    """The opt level: the literal, or --opt-level for a run-time choice. Without --opt-level a TODO says so
+    and the level the script defaults to (else O1) stands in, so the rest of the amp part is still read
+    and every blocker is named in one run."""
     node = bound.value("opt_level")
     value = "O1" if node is None else literal(plan.analysis, node)
     if value is NOT_LITERAL:
+        code = plan.analysis.code(node)
         if options.opt_level:
             if not (options.opt_level == "O2" and options.o2 == O2_APEXLITE):  # kept amp still reads it
-                plan.notes.append(f"opt_level comes from `{plan.analysis.code(node)}` at run time; migrated for "
+                plan.notes.append(f"opt_level comes from `{code}` at run time; migrated for "
                                   f"{options.opt_level} (--opt-level)")
-                plan.comment(call, f"migrated for opt_level {options.opt_level} (the script chose "
-                                   f"`{plan.analysis.code(node)}` at run time)")
+                plan.comment(anchor, f"migrated for opt_level {options.opt_level} (the script chose `{code}` at "
+                                     "run time)")
             return options.opt_level
-        hint = _argparse_hint(plan, node)
-        plan.todo(call, f"opt_level is chosen at run time (`{plan.analysis.code(node)}`{hint}); run migrate with "
-                        "--opt-level O0|O1|O2|O3 for the level you train with")
-        return None
+        found, default = _argparse_default(plan, node)
+        stand_in = default if found and default in OPT_LEVELS else "O1"
+        hint = f", whose argparse default is {default!r}" if found else ""
+        plan.flags["--opt-level"] = stand_in
+        plan.todo(call, f"opt_level is chosen at run time (`{code}`{hint}): run migrate again with --opt-level "
+                        f"O0|O1|O2|O3, the level you train with (e.g. --opt-level {stand_in})")
+        return stand_in
     if value not in OPT_LEVELS:
-        plan.todo(call, f"opt_level={value!r} is not an opt level (O0, O1, O2, O3; the letter O)")
+        plan.todo(call, f"opt_level={value!r} is not an opt level: write one of O0, O1, O2, O3 (the letter O)")
         return None
     return value
 
 
-def _argparse_hint(plan: Plan, node: cst.BaseExpression) -> str:
-    from apexlite.migrate.values import argparse_default
-
+def _argparse_default(plan: Plan, node: cst.BaseExpression):
     text = dotted_text(node)
     if text is None or "." not in text:
-        return ""
-    found, default = argparse_default(plan.analysis, text.rsplit(".", 1)[1])
-    return f", whose argparse default is {default!r}" if found else ""
+        return False, None
+    return argparse_default(plan.analysis, text.rsplit(".", 1)[1])
 
 
-def _resolved_options(plan: Plan, options: MigrateOptions, bound, call: cst.Call, level: str) -> Optional[dict]:
-    """The literal overrides of the call (with --loss-scale for a run-time loss_scale)."""
+def _resolved_options(plan: Plan, options: MigrateOptions, bound, call: cst.Call, level: str,
+                      anchor: cst.CSTNode) -> dict:
+    """The literal overrides of the call (with --loss-scale for a run-time loss_scale). A run-time choice
+    migrate has no option for gets a TODO, and the level's default stands in."""
     overrides = {}
     for name in _LEVEL_OPTIONS + ("dtype",):
         node = bound.value(name)
         value = literal(plan.analysis, node)
         if value is NOT_LITERAL:
+            code = plan.analysis.code(node)
+            found, default = _argparse_default(plan, node)
+            hint = f", whose argparse default is {default!r}" if found else ""
             if name == "loss_scale" and options.loss_scale is not None:
-                plan.comment(call, f"migrated for loss_scale {options.loss_scale} (the script chose "
-                                   f"`{plan.analysis.code(node)}` at run time)")
+                plan.comment(anchor, f"migrated for loss_scale {options.loss_scale} (the script chose `{code}` at "
+                                     "run time)")
                 value = options.loss_scale
             elif name == "keep_batchnorm_fp32" and level in ("O0", "O1"):
                 value = None  # no effect at these levels
+            elif name == "loss_scale":
+                stand_in = _loss_scale_stand_in(level, default if found else None)
+                plan.flags["--loss-scale"] = stand_in
+                plan.todo(call, f"loss_scale is chosen at run time (`{code}`{hint}): run migrate again with "
+                                f"--loss-scale dynamic|N, the scale you train with (e.g. --loss-scale {stand_in})")
+                value = None
             else:
-                hint = _argparse_hint(plan, node)
-                extra = " (or --loss-scale dynamic|N)" if name == "loss_scale" else ""
-                plan.todo(call, f"{name} is chosen at run time (`{plan.analysis.code(node)}`{hint}); migrate needs "
-                                f"it written as a literal{extra}")
-                return None
+                plan.todo(call, f"{name} is chosen at run time (`{code}`{hint}): write the value you train with "
+                                f"as a literal ({name}=...) and run migrate again")
+                value = None
         overrides[name] = value
     return overrides
 
 
+def _loss_scale_stand_in(level: str, default: Any) -> str:
+    """What to suggest for --loss-scale: the script's argparse default, else the level's own default."""
+    if default == "dynamic" or isinstance(default, (int, float)) and not isinstance(default, bool) and default > 0:
+        return str(default)
+    if isinstance(default, str):
+        try:
+            if float(default) > 0:
+                return default
+        except ValueError:
+            pass
+    return "dynamic" if level in ("O1", "O2") else "1.0"
+
+
 def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]:
-    """The script's one `amp.initialize` call, or None (with TODOs saying why) when it cannot be migrated."""
+    """The script's one `amp.initialize` call, or None (with TODOs saying why) when it cannot be read.
+
+    A setup comes back even when TODOs were left (a run-time opt level, an `if` migrate cannot repeat):
+    the planners still read the rest of the amp part with it, so one run names every blocker; the amp
+    part's all-or-nothing rule then keeps none of its edits."""
     analysis = plan.analysis
     uses = analysis.uses_of(apis.INITIALIZE)
     if len(uses) > 1:
         for use in uses:
             plan.todo(use.node, f"amp.initialize is called {len(uses)} times; migrate rewrites scripts with one "
-                                "call (keep apexlite's amp: `from apexlite import amp`)")
+                                "call: keep apexlite's amp (`from apexlite import amp`) or migrate by hand")
         return None
     if not uses:
         return None
@@ -180,11 +216,11 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
     if call is None or not (isinstance(small, cst.Expr) and small.value is call or
                             isinstance(small, cst.Assign) and small.value is call):
         plan.todo(use.node, "amp.initialize is used other than as `models, optimizers = amp.initialize(...)`; "
-                            "write it as that statement")
+                            "write it as that statement and run migrate again")
         return None
     bound = bind(call, POSITIONAL, KEYWORD_ONLY)
     if bound.error:
-        plan.todo(call, f"amp.initialize cannot be read: {bound.error}")
+        plan.todo(call, f"amp.initialize cannot be read: {bound.error}; pass its arguments by name")
         return None
     models = _chains(plan, bound.value("models"), "models", call)
     optimizers = _chains(plan, bound.value("optimizers"), "optimizers", call)
@@ -195,31 +231,27 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
         plan.todo(call, "the names amp.initialize's result is assigned to do not mirror its arguments; write "
                         "`model, optimizer = amp.initialize(model, optimizer, ...)`")
         return None
+    guard = read_guard(analysis, small)
+    anchor = guard.outermost or call
     for name, why in _NO_NATIVE_OPTIONS.items():
         if bound.value(name) is not None and literal(analysis, bound.value(name)) is not None:
             if name == "max_loss_scale" and literal(analysis, bound.value(name)) == 2.0 ** 24:
                 continue
             plan.todo(call, f"{name} has no native equivalent: {why}")
-            return None
-    level = _level(plan, options, bound, call)
+    level = _level(plan, options, bound, call, anchor)
     if level is None:
         return None
     model_targets, optimizer_targets = targets
     if level == "O2" and options.o2 == O2_APEXLITE:  # amp stays; apexlite resolves the options at run time
-        return AmpSetup(use, call, small, bound.value("models"), bound.value("optimizers"), list(model_targets), list(optimizer_targets), KEEP, level, "float16",
-                        "dynamic", 1, None)
+        return AmpSetup(use, call, small, bound.value("models"), bound.value("optimizers"), list(model_targets),
+                        list(optimizer_targets), KEEP, level, "float16", "dynamic", 1, None, guard=guard,
+                        anchor=anchor)
     enabled_node = bound.value("enabled")
     enabled = literal(analysis, enabled_node)
-    enabled_expr = None
-    if enabled is NOT_LITERAL:
-        if dotted_text(enabled_node) is None:
-            plan.todo(call, "enabled= is an expression; assign it to a variable so autocast and GradScaler can "
-                            "take it too")
-            return None
-        enabled_expr = dotted_text(enabled_node)
-    overrides = _resolved_options(plan, options, bound, call, level)
-    if overrides is None:
-        return None
+    flag_node = enabled_node if enabled is NOT_LITERAL else None
+    if guard.conditions or flag_node is not None:
+        check_guard(plan, guard, call, small, flag_node)
+    overrides = _resolved_options(plan, options, bound, call, level, anchor)
     dtype_value = overrides.pop("dtype")
     try:
         low_dtype = parse_dtype("float16" if dtype_value is None else dtype_value)
@@ -239,10 +271,18 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
     recipe, loss_scale = _recipe(plan, options, properties, enabled, call)
     if recipe is None:
         return None
-    setup = AmpSetup(use, call, small, bound.value("models"), bound.value("optimizers"), list(model_targets), list(optimizer_targets), recipe, level,
+    flags = [condition.test for condition in guard.conditions] + ([flag_node] if flag_node is not None else [])
+    setup = AmpSetup(use, call, small, bound.value("models"), bound.value("optimizers"), list(model_targets),
+                     list(optimizer_targets), recipe, level,
                      "bfloat16" if recipe == AUTOCAST and properties.master_weights else dtype, loss_scale,
-                     num_losses, enabled_expr)
+                     num_losses, enabled_code(analysis, guard.conditions, flag_node), guard=guard, anchor=anchor,
+                     flags=flags)
     _choose_device(plan, setup, device)
+    if setup.device == RUNTIME and guard.conditions and model_touched_before(analysis, guard, setup.call,
+                                                                              setup.models):
+        plan.todo(call, f"the model is used inside `if` before amp.initialize, and its device is only known at "
+                        "run time: migrate reads the device from the model before the `if`, where it may still "
+                        "be elsewhere; move that code before the `if` and run migrate again")
     return setup
 
 
@@ -270,6 +310,8 @@ def _recipe(plan: Plan, options: MigrateOptions, properties, enabled: Any, call:
 
 
 def _choose_device(plan: Plan, setup: AmpSetup, device: str) -> None:
+    if device == CPU and not all(built_here(plan.analysis, model) for model in elements(setup.models_arg) or []):
+        device = RUNTIME
     setup.device = device
     if device == RUNTIME:
         setup.device_expr = plan.fresh_name("amp_device_type")

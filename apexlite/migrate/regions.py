@@ -45,7 +45,8 @@ class RegionFinder:
 
     def _loss_statement(self, start: cst.BaseStatement, names: Set[str]) -> Optional[cst.BaseStatement]:
         """The nearest statement before `start` (in its block, then in the enclosing blocks up to the function)
-        that assigns one of `names`."""
+        that assigns one of `names`; earlier backward passes and steps may lie between (a GAN computes both
+        losses from one forward pass, then steps each optimizer in turn)."""
         statement = start
         while True:
             block = self.analysis.block_of(statement)
@@ -53,8 +54,6 @@ class RegionFinder:
             for candidate in reversed(body[:body.index(statement)]):
                 if self.analysis.assigned_names(candidate) & names:
                     return candidate
-                if self._is_marker(candidate):
-                    return None
             if isinstance(block, cst.Module):
                 return None
             owner = self.analysis.parent(block)

@@ -147,8 +147,8 @@ def _apply(plan: Plan, rule: Rule, call: cst.Call, device: str) -> None:
             return
     target = rule.choose_target(values) if rule.choose_target else rule.target
     if target is None:
-        plan.todo(call, "adam_w_mode is chosen at run time: torch.optim.AdamW (True, apex's default) or "
-                        "torch.optim.Adam (False)")
+        plan.todo(call, "adam_w_mode is chosen at run time: write torch.optim.AdamW (True, apex's default) or "
+                        "torch.optim.Adam (False), whichever you train with")
         return
     if _torch_callable(target) is None:
         plan.todo(call, f"{target} is its torch equivalent, but this torch ({torch.__version__}) does not have it; "

@@ -17,24 +17,34 @@ def _recipe(result: MigrationResult) -> str:
         return ""
     what = RECIPES[setup.recipe].format(dtype=setup.dtype)
     scaler = " + torch.amp.GradScaler" if setup.scaled else ""
-    return f" (opt_level {setup.level}: {what}{scaler})"
+    return f"opt_level {setup.level}: {what}{scaler}"
 
 
-def format_report(result: MigrationResult, script: str, shown_as: str) -> str:
-    """The report as text, one item a line."""
+def _places(count: int) -> str:
+    return f"{count} place{'' if count == 1 else 's'} left for you"
+
+
+def format_report(result: MigrationResult, script: str, shown_as: str, todo_lines_in_original: bool = False) -> str:
+    """The report as text, one item a line. `shown_as`: where the migrated script went (the script itself
+    for --in-place and --diff); `todo_lines_in_original`: give TODO places by the script's own lines (--diff)."""
     lines: List[str] = []
+    head = script if shown_as == script else f"{script} -> {shown_as}"
+    recipe = _recipe(result)
     if result.error:
         lines.append(f"apexlite migrate: {script}: {result.error}")
     elif not result.changed and not result.todos:
         lines.append(f"apexlite migrate: {script}: nothing to migrate")
     elif result.todos:
-        lines.append(f"apexlite migrate: {script} -> {shown_as}: {len(result.todos)} place(s) left for you "
-                     f"(TODO(apexlite migrate) comments){_recipe(result)}")
+        details = "; ".join(filter(None, ["marked TODO(apexlite migrate)", recipe]))
+        lines.append(f"apexlite migrate: {head}: {_places(len(result.todos))} ({details})")
     else:
-        lines.append(f"apexlite migrate: {script} -> {shown_as}: migrated completely{_recipe(result)}")
+        lines.append(f"apexlite migrate: {head}: migrated completely" + (f" ({recipe})" if recipe else ""))
     for todo, line in zip(result.todos, result.todo_lines):
-        where = f"{shown_as}:{line}" if line else f"{script}:{todo.line}"
+        where = f"{shown_as}:{line}" if line and not todo_lines_in_original else f"{script}:{todo.line}"
         lines.append(f"  TODO {where}: {todo.message}")
+    if result.flags:
+        lines.append(f"  run migrate again with {' '.join(result.flags)} (or the values you train with) for the "
+                     "choices the script makes at run time")
     for note in result.notes:
         lines.append(f"  note: {note}")
     if result.needs_apexlite:

@@ -17,6 +17,7 @@ from apexlite.migrate import apis
 from apexlite.migrate.analysis import ApexUse, dotted_text
 from apexlite.migrate.edits import Plan, expression, small_statement
 from apexlite.migrate.initialize import AmpSetup
+from apexlite.migrate.reach import Unit
 from apexlite.migrate.scale_loss import ScaleLossPlanner
 from apexlite.migrate.values import literal
 
@@ -106,8 +107,10 @@ def _plan_loss_scalers(plan: Plan, planner: ScaleLossPlanner, setup: AmpSetup, u
         call = _loss_scale_call(plan, parent)
         if call is None or not isinstance(loss_id, int) or (scaled and loss_id not in names):
             return False
-        code = f"{names[loss_id]}.get_scale()" if scaled else "1.0"
-        plan.replace_expression(call, lambda _: expression(code))
+        if scaled:
+            plan.replace_expression(call, lambda _: expression(f"{names[loss_id]}.get_scale()"))
+        else:
+            _constant_scale(plan, call)
         return True
     comp_for = parent
     comprehension = analysis.parent(comp_for) if isinstance(comp_for, cst.CompFor) else None
@@ -132,19 +135,30 @@ def _plan_loss_scalers(plan: Plan, planner: ScaleLossPlanner, setup: AmpSetup, u
     return True
 
 
-def plan_state(plan: Plan, setup: AmpSetup, planner: ScaleLossPlanner) -> None:
-    analysis = plan.analysis
-    for use in analysis.uses_of(apis.STATE_DICT):
-        plan.handle(use.node)
-        _plan_save(plan, planner, use)
-    for use in analysis.uses_of(apis.LOAD_STATE_DICT):
-        plan.handle(use.node)
-        _plan_load(plan, planner, use)
+def _constant_scale(plan: Plan, call: cst.Call) -> None:
+    """Nothing is scaled: the scale is 1.0, written into an f-string's text rather than as `{1.0}`."""
+    holder = plan.analysis.parent(call)
+    if isinstance(holder, cst.FormattedStringExpression) and holder.expression is call \
+            and holder.conversion is None and holder.format_spec is None and holder.equal is None:
+        plan.replace_expression(holder, lambda _: cst.FormattedStringText("1.0"))
+    else:
+        plan.replace_expression(call, lambda _: expression("1.0"))
+
+
+def plan_state(unit: Unit, setup: AmpSetup, planner: ScaleLossPlanner) -> None:
+    plan, analysis = unit.plan, unit.analysis
     state_uses: List[ApexUse] = [use for use in analysis.uses if use.api != apis.MASTER_PARAMS and (
-        use.api == apis.AMP_STATE or use.api.startswith(apis.AMP_STATE + "."))]
+        use.api in (apis.STATE_DICT, apis.LOAD_STATE_DICT) or use.api == apis.AMP_STATE
+        or use.api.startswith(apis.AMP_STATE + "."))]
     for use in state_uses:
         plan.handle(use.node)
-        if use.api == apis.LOSS_SCALERS and _plan_loss_scalers(plan, planner, setup, use):
-            continue
-        plan.todo(use.node, f"`{analysis.code(use.node)}` is amp's internal state; read the GradScaler instead "
-                            "(scaler.get_scale() is the loss scale)")
+        if planner.scalers and not unit.ties.reaches_scaler(use.node):
+            plan.todo(use.node, f"`{analysis.code(use.node)}` becomes the GradScaler's ({planner.scalers[0].name}), "
+                                "which cannot be read here: pass it in (a parameter) and run migrate again")
+        elif use.api == apis.STATE_DICT:
+            _plan_save(plan, planner, use)
+        elif use.api == apis.LOAD_STATE_DICT:
+            _plan_load(plan, planner, use)
+        elif not (use.api == apis.LOSS_SCALERS and _plan_loss_scalers(plan, planner, setup, use)):
+            plan.todo(use.node, f"`{analysis.code(use.node)}` is amp's internal state; read the GradScaler instead "
+                                "(scaler.get_scale() is the loss scale)")

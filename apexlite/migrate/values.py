@@ -74,8 +74,8 @@ def elements(node: cst.BaseExpression) -> Optional[List[cst.BaseExpression]]:
     return [node]
 
 
-def argparse_default(analysis: Analysis, attribute: str) -> Tuple[bool, Any]:
-    """(found, default) of the argparse option stored in `attribute` (`--opt-level`, `--opt_level`)."""
+def _argparse_option(analysis: Analysis, attribute: str) -> Optional[cst.Call]:
+    """The `add_argument(...)` call that stores into `attribute` (`--opt-level`, `--opt_level`, dest=)."""
     for call in walk(analysis.module, cst.Call):
         if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "add_argument"):
             continue
@@ -83,10 +83,26 @@ def argparse_default(analysis: Analysis, attribute: str) -> Tuple[bool, Any]:
         dest = next((literal(analysis, arg.value) for arg in call.args
                      if arg.keyword is not None and arg.keyword.value == "dest"), None)
         names = {flag.lstrip("-").replace("-", "_") for flag in flags if isinstance(flag, str)}
-        if attribute != dest and attribute not in names:
-            continue
-        default = next((arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == "default"),
-                       None)
-        value = literal(analysis, default)
-        return value is not NOT_LITERAL, value
-    return False, None
+        if attribute == dest or attribute in names:
+            return call
+    return None
+
+
+def _keyword(call: cst.Call, name: str) -> Optional[cst.BaseExpression]:
+    return next((arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == name), None)
+
+
+def argparse_default(analysis: Analysis, attribute: str) -> Tuple[bool, Any]:
+    """(found, default) of the argparse option stored in `attribute` (`--opt-level`, `--opt_level`)."""
+    call = _argparse_option(analysis, attribute)
+    if call is None:
+        return False, None
+    value = literal(analysis, _keyword(call, "default"))
+    return value is not NOT_LITERAL, value
+
+
+def argparse_action(analysis: Analysis, attribute: str) -> Optional[str]:
+    """The literal `action=` of the argparse option stored in `attribute`, if there is one."""
+    call = _argparse_option(analysis, attribute)
+    action = literal(analysis, _keyword(call, "action")) if call is not None else None
+    return action if isinstance(action, str) else None

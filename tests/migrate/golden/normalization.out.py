@@ -10,8 +10,8 @@ class Block(torch.nn.Module):
         self.norm = torch.nn.LayerNorm(width, eps=1e-6)
         self.rms = torch.nn.RMSNorm([width], eps=1e-05, elementwise_affine=False)
         self.other = torch.nn.LayerNorm(width)
-        # TODO(apexlite migrate): `MixedFusedLayerNorm` has no certain torch rewrite
-        #     (apex.normalization.MixedFusedLayerNorm: differs: torch ops (fp32 statistics) instead of
-        #     apex's CUDA kernel, same results on any device; memory_efficient saves the output instead of
-        #     the input, as apex did); see MIGRATION.md
+        # TODO(apexlite migrate): `MixedFusedLayerNorm` (apex.normalization.MixedFusedLayerNorm) has no
+        #     exact torch rewrite: use torch.nn.LayerNorm (fp32 parameters) and call it on the input cast to
+        #     its parameters' dtype (`norm(x.to(norm.weight.dtype))`): the mixed norm took fp16/bf16 inputs
+        #     and returned that dtype
         self.mixed = MixedFusedLayerNorm(width)

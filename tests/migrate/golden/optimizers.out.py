@@ -16,7 +16,7 @@ sgd = torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True, fused=True)
 #     weight decay before momentum)
 sgd_after = FusedSGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4, wd_after_momentum=True)
 adagrad = torch.optim.Adagrad(params, lr=0.01)
-# TODO(apexlite migrate): `FusedLAMB` has no certain torch rewrite (apex.optimizers.FusedLAMB:
-#     differs: a torch implementation of apex's update rule, not a fused kernel; same results); see
-#     MIGRATION.md
+# TODO(apexlite migrate): `FusedLAMB` (apex.optimizers.FusedLAMB) has no exact torch rewrite: torch
+#     has no LAMB: keep apexlite's (`from apexlite.optimizers import FusedLAMB`) or choose a
+#     torch.optim optimizer
 lamb = FusedLAMB(params, lr=1e-3)

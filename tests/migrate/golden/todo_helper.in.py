@@ -1,4 +1,5 @@
-"""scale_loss inside a helper that receives the optimizer: migrate cannot tie it to initialize's."""
+"""scale_loss inside a helper that is handed on as a value (a callback): migrate cannot see every call,
+so it cannot pass the GradScaler in."""
 import torch
 from apex import amp
 
@@ -10,9 +11,13 @@ def train_step(model, optimizer, batch):
     optimizer.step()
 
 
+def run(step, model, optimizer):
+    for _ in range(3):
+        step(model, optimizer, torch.randn(2, 4))
+
+
 def main():
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
-    for _ in range(3):
-        train_step(model, optimizer, torch.randn(2, 4))
+    run(train_step, model, optimizer)

@@ -1,0 +1,308 @@
+"""Where amp.initialize's optimizers and models are, in one file or several, and where the GradScaler
+that replaces amp can be read.
+
+An optimizer is reached (1) by the names amp.initialize assigned, in their own scope; (2) through a
+parameter of a function every one of whose calls passes it there from a place the GradScaler reaches
+(apex's imagenet `train(train_loader, model, criterion, optimizer, epoch)`): the function then gets the
+GradScaler as a new keyword-only parameter, `scaler`, and each call passes it (a call migrate does not
+see fails loudly, missing the argument, instead of training wrongly); (3) in another file, by importing
+it from the module that made it (`from train import optimizer`): the GradScaler is imported beside it.
+Functions are followed within the files migrated together; calls in other files are not seen.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+import libcst as cst
+
+from apexlite.migrate.analysis import Analysis, dotted_text
+from apexlite.migrate.edits import Plan
+
+Key = Path
+
+
+@dataclass
+class Thread:
+    """A function that receives amp's optimizers (parameter name -> optimizer index) and gets the GradScaler."""
+
+    key: Key
+    function: cst.FunctionDef
+    optimizers: Dict[str, int]
+    models: Set[str] = field(default_factory=set)  # parameters that receive amp's models
+    calls: List[Tuple[Key, cst.Call]] = field(default_factory=list)
+
+
+@dataclass
+class ImportTie:
+    """`from <home module> import optimizer` in another file: the GradScaler is imported beside it."""
+
+    key: Key
+    statement: cst.ImportFrom
+    optimizers: Dict[str, int]  # bound name -> optimizer index
+
+
+class Ties:
+    """One file's view: which expressions are amp's optimizers, and where the GradScaler can be read."""
+
+    def __init__(self, analysis: Analysis, home_owner: Optional[cst.CSTNode], targets: Sequence[cst.CSTNode],
+                 threads: Dict[int, Thread], imported: Optional[ImportTie]) -> None:
+        self.analysis = analysis
+        self.home_owner = home_owner  # the scope amp.initialize runs in, when it is in this file
+        self.targets = list(targets)
+        self.threads = threads  # id(function) -> Thread, for functions of this file
+        self.imported = imported
+
+    def optimizer(self, node: cst.CSTNode) -> Optional[int]:
+        """The index of the amp optimizer `node` is, if it certainly is one."""
+        for index, target in enumerate(self.targets):
+            if self.analysis.same_binding(node, target):
+                return index
+        if not isinstance(node, cst.Name):
+            return None
+        binding = _only_binding(self.analysis, node)
+        if isinstance(binding, cst.Param):
+            function = self.analysis.enclosing_scope_owner(binding)
+            thread = self.threads.get(id(function))
+            return thread.optimizers.get(node.value) if thread is not None else None
+        if self.imported is not None and binding is self.imported.statement:
+            return self.imported.optimizers.get(node.value)
+        return None
+
+    def model_names(self) -> Set[str]:
+        return {name for thread in self.threads.values() for name in thread.models}
+
+    def in_home_scope(self, node: cst.CSTNode) -> bool:
+        """Whether `node` sees amp.initialize's own scope (its names, the flags of its `if`)."""
+        if self.home_owner is None:
+            return False
+        if isinstance(self.home_owner, cst.Module):
+            return True
+        return any(ancestor is self.home_owner for ancestor in self.analysis.ancestors(node))
+
+    def reaches_scaler(self, node: cst.CSTNode) -> bool:
+        """Whether a GradScaler made beside amp.initialize can be read at `node` under its own name."""
+        if self.in_home_scope(node) or self.imported is not None:
+            return True
+        return any(id(ancestor) in self.threads for ancestor in self.analysis.ancestors(node))
+
+
+@dataclass
+class Unit:
+    """One file of a migration: its plan (and analysis), where it is, and its view of amp's objects."""
+
+    key: Key
+    plan: Plan
+    ties: Ties
+    home: bool  # amp.initialize is in this file
+
+    @property
+    def analysis(self) -> Analysis:
+        return self.plan.analysis
+
+
+def _only_binding(analysis: Analysis, name: cst.Name) -> Optional[cst.CSTNode]:
+    scope = analysis.scope(name)
+    assignments = list(scope[name.value]) if scope is not None else []
+    return getattr(assignments[0], "node", None) if len(assignments) == 1 else None
+
+
+# --- linking -------------------------------------------------------------------------------------------
+Resolver = Callable[[Key, cst.ImportFrom], Optional[Key]]
+
+
+def module_resolver(paths: Sequence[Key]) -> Resolver:
+    """Which of `paths` a `from X import ...` in one of them names: a relative import by the importer's
+    folder, an absolute one by the dotted path's ending (`models.train` is .../models/train.py or
+    .../models/train/__init__.py); None when no file, or more than one, fits."""
+    by_suffix: Dict[str, Set[Key]] = {}
+    for path in paths:
+        parts = list(path.with_suffix("").parts)
+        if parts and parts[-1] == "__init__":
+            parts = parts[:-1]
+        for start in range(len(parts)):
+            by_suffix.setdefault(".".join(parts[start:]), set()).add(path)
+    known = set(paths)
+
+    def resolve(importer: Key, node: cst.ImportFrom) -> Optional[Key]:
+        module = dotted_text(node.module) if node.module is not None else None
+        if module is None:
+            return None
+        if node.relative:
+            base = importer.parent
+            for _ in range(len(node.relative) - 1):
+                base = base.parent
+            target = base.joinpath(*module.split("."))
+            matches = {path for path in (target.with_suffix(".py"), target / "__init__.py") if path in known}
+        else:
+            matches = by_suffix.get(module, set())
+        return next(iter(matches)) if len(matches) == 1 else None
+
+    return resolve
+
+
+def _parameters(function: cst.FunctionDef) -> Tuple[List[str], List[str], bool]:
+    """(positional parameter names, keyword-only names, whether it takes *args/**kwargs)."""
+    params = function.params
+    positional = [param.name.value for param in [*params.posonly_params, *params.params]]
+    keyword_only = [param.name.value for param in params.kwonly_params]
+    star = isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None
+    return positional, keyword_only, star
+
+
+def _bind(call: cst.Call, positional: List[str], keyword_only: List[str]) -> Optional[Dict[str, cst.BaseExpression]]:
+    bound: Dict[str, cst.BaseExpression] = {}
+    for index, arg in enumerate(call.args):
+        if arg.star:
+            return None
+        if arg.keyword is None:
+            if index >= len(positional):
+                return None
+            bound[positional[index]] = arg.value
+        elif arg.keyword.value in positional or arg.keyword.value in keyword_only:
+            bound[arg.keyword.value] = arg.value
+        else:
+            return None
+    return bound
+
+
+ImportIndex = Dict[Tuple[Key, str], List[Tuple[Key, cst.ImportFrom, str]]]
+
+
+def _import_index(analyses: Dict[Key, Analysis], resolve: Resolver) -> ImportIndex:
+    """(file imported from, name) -> every (importing file, `from ... import` statement, bound name)."""
+    index: ImportIndex = {}
+    for key, analysis in analyses.items():
+        for node in _import_froms(analysis.module):
+            if isinstance(node.names, cst.ImportStar):
+                continue
+            source = resolve(key, node)
+            if source is None:
+                continue
+            for alias in node.names:
+                name = dotted_text(alias.name) or ""
+                bound = alias.asname.name.value if alias.asname is not None else name
+                index.setdefault((source, name), []).append((key, node, bound))
+    return index
+
+
+def _import_froms(module: cst.Module):
+    """Every `from ... import` statement, found through statements only (imports are never inside an
+    expression), which is far cheaper than visiting every node."""
+    stack: List[cst.CSTNode] = list(reversed(module.body))
+    while stack:
+        statement = stack.pop()
+        if isinstance(statement, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            yield from (small for small in statement.body if isinstance(small, cst.ImportFrom))
+            continue
+        suites = [getattr(statement, "body", None), *(getattr(statement, "handlers", ()) or ()),
+                  *(getattr(statement, "cases", ()) or ()), getattr(statement, "orelse", None),
+                  getattr(statement, "finalbody", None)]
+        for suite in reversed(suites):
+            if isinstance(suite, (cst.Else, cst.Finally, cst.ExceptHandler, cst.ExceptStarHandler, cst.MatchCase)):
+                suite = suite.body
+            if isinstance(suite, (cst.If, cst.SimpleStatementSuite)):
+                stack.append(suite)
+            elif isinstance(suite, cst.IndentedBlock):
+                stack.extend(reversed(suite.body))
+
+
+def _references(analyses: Dict[Key, Analysis], key: Key, function: cst.FunctionDef,
+                imports: ImportIndex) -> Optional[List[Tuple[Key, cst.Call]]]:
+    """Every call of a module-level function in the files; None when it is used any other way (passed
+    on, rebound, reached through a module object)."""
+    analysis = analyses[key]
+    scope = analysis.scope(function)
+    own = [a for a in scope.assignments[function.name.value]] if scope is not None else []
+    if len(own) != 1 or getattr(own[0], "node", None) is not function:
+        return None
+    accesses = [(key, access.node) for access in own[0].references]
+    for other_key, node, bound in imports.get((key, function.name.value), ()):
+        module_scope = analyses[other_key].scope(node)
+        for assignment in (module_scope.assignments[bound] if module_scope is not None else ()):
+            if getattr(assignment, "node", None) is node:
+                accesses.extend((other_key, access.node) for access in assignment.references)
+    calls = []
+    for access_key, name in accesses:
+        parent = analyses[access_key].parent(name)
+        if not (isinstance(parent, cst.Call) and parent.func is name):
+            return None
+        calls.append((access_key, parent))
+    return calls
+
+
+def link(analyses: Dict[Key, Analysis], home: Key, call: cst.Call, optimizer_targets: Sequence[cst.CSTNode],
+         model_targets: Sequence[cst.CSTNode], resolve: Resolver) -> Dict[Key, Ties]:
+    """Each file's Ties for the amp.initialize `call` in `home` (threads found to a fixpoint)."""
+    home_analysis = analyses[home]
+    home_owner = home_analysis.enclosing_scope_owner(call) or home_analysis.module
+    index = _import_index(analyses, resolve)
+    imports = {key: _import_tie(analyses[key], key, home, home_owner, optimizer_targets, index)
+               for key in analyses if key != home}
+    threads: Dict[int, Thread] = {}
+
+    def ties_of(key: Key) -> Ties:
+        own = {id(t.function): t for t in threads.values() if t.key == key}
+        if key == home:
+            return Ties(home_analysis, home_owner, optimizer_targets, own, None)
+        return Ties(analyses[key], None, [], own, imports[key])
+
+    candidates = []
+    for key, analysis in analyses.items():
+        for statement in analysis.module.body:
+            if isinstance(statement, cst.FunctionDef) and statement is not home_owner:
+                calls = _references(analyses, key, statement, index)
+                if calls:
+                    candidates.append((key, statement, calls))
+    changed = True
+    while changed:
+        changed = False
+        for key, function, calls in candidates:
+            if id(function) in threads:
+                continue
+            thread = _thread(analyses, key, function, calls, ties_of, model_targets, home)
+            if thread is not None:
+                threads[id(function)] = thread
+                changed = True
+    return {key: ties_of(key) for key in analyses}
+
+
+def _thread(analyses, key: Key, function: cst.FunctionDef, calls: List[Tuple[Key, cst.Call]], ties_of,
+            model_targets, home: Key) -> Optional[Thread]:
+    positional, keyword_only, _ = _parameters(function)
+    optimizers: Dict[str, Optional[int]] = {}
+    models: Dict[str, bool] = {}
+    for call_key, call in calls:
+        bound = _bind(call, positional, keyword_only)
+        ties = ties_of(call_key)
+        if bound is None or not ties.reaches_scaler(call):
+            return None
+        for name in positional + keyword_only:
+            value = bound.get(name)
+            index = ties.optimizer(value) if value is not None else None
+            optimizers[name] = index if optimizers.get(name, index) == index else None
+            is_model = value is not None and call_key == home and any(
+                analyses[home].same_binding(value, target) for target in model_targets)
+            is_model = is_model or (value is not None and dotted_text(value) in ties.model_names())
+            models[name] = models.get(name, True) and is_model
+    tied = {name: index for name, index in optimizers.items() if index is not None}
+    if not tied:
+        return None
+    return Thread(key, function, tied, {name for name, yes in models.items() if yes}, calls)
+
+
+def _import_tie(analysis: Analysis, key: Key, home: Key, home_owner: cst.CSTNode, optimizer_targets,
+                index: ImportIndex) -> Optional[ImportTie]:
+    """`from <home> import optimizer` at the top level of `analysis`, when amp.initialize runs at module level."""
+    if not isinstance(home_owner, cst.Module):
+        return None
+    found: Dict[cst.ImportFrom, Dict[str, int]] = {}
+    for position, target in enumerate(optimizer_targets):
+        for importer, node, bound in index.get((home, dotted_text(target) or ""), ()):
+            if importer == key and analysis.enclosing_scope_owner(node) is None:
+                found.setdefault(node, {})[bound] = position
+    if not found:
+        return None
+    node, names = next(iter(found.items()))
+    return ImportTie(key, node, names)

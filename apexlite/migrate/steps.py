@@ -1,0 +1,109 @@
+"""The optimizer steps of a scaled migration: each `optimizer.step()` of a scaled optimizer becomes
+`scaler.step(optimizer)` then `scaler.update()`, every one or none (TODOs say why).
+
+A GradScaler shared by several optimizers (loss ids whose gradients meet) is updated once, after the
+last of their steps, which must then sit in one block. The steps are found in every file of the
+migration, wherever the optimizer is reached (apexlite.migrate.reach).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, List, Tuple
+
+import libcst as cst
+
+from apexlite.migrate.analysis import dotted_text, walk
+from apexlite.migrate.edits import small_statement
+
+if TYPE_CHECKING:
+    from apexlite.migrate.reach import Unit
+    from apexlite.migrate.scale_loss import ScaleLossPlanner, Scaler, Site
+
+PATCHED_OPTIMIZER_METHODS = ("step", "zero_grad")
+Step = Tuple["Unit", cst.Call]
+
+
+def step_calls(units: List["Unit"], index: int) -> List[Step]:
+    """Every `<optimizer>.step(...)` of amp's optimizer `index`, in every file."""
+    found = []
+    for unit in units:
+        for call in walk(unit.analysis.module, cst.Call):
+            func = call.func
+            if isinstance(func, cst.Attribute) and func.attr.value == "step" and unit.ties.optimizer(func.value) == index:
+                found.append((unit, call))
+    return found
+
+
+def plan_steps(planner: "ScaleLossPlanner", sites: List["Site"]) -> bool:
+    """Rewrite every step of every scaled optimizer, or none."""
+    _flag_patched_optimizers(planner.units)
+    planned = []
+    for scaler in planner.scalers:
+        steps = {index: step_calls(planner.units, index) for index in scaler.optimizers}
+        site = next(site for site in sites if site.loss_id in scaler.loss_ids)
+        missing = [planner.optimizer_name(index) for index, calls in steps.items() if not calls]
+        if missing:
+            site.unit.plan.todo(site.statement, f"no `{missing[0]}.step()` where migrate can see it; step it with "
+                                                f"`{scaler.name}.step({missing[0]})` then `{scaler.name}.update()`")
+            continue
+        bad = [(unit, call) for calls in steps.values() for unit, call in calls if not _plain(unit, call)]
+        for unit, call in bad:
+            unit.plan.todo(call, f"write this step as `{scaler.name}.step(optimizer)` then `{scaler.name}.update()` "
+                                 "(GradScaler.step takes no closure)")
+        for unit, call in (step for calls in steps.values() for step in calls):
+            if not unit.ties.reaches_scaler(call):
+                unit.plan.todo(call, f"this step needs {scaler.name}.step/.update, but the GradScaler is not "
+                                     "reachable here: pass it in like the optimizer and run migrate again")
+                bad.append((unit, call))
+        if not bad:
+            planned.append((scaler, steps))
+    if len(planned) != len(planner.scalers):
+        return False
+    return all([_rewrite(scaler, steps, planner) for scaler, steps in planned])
+
+
+def _plain(unit: "Unit", call: cst.Call) -> bool:
+    small = unit.analysis.small_statement_of(call)
+    return not call.args and isinstance(small, cst.Expr) and small.value is call
+
+
+def _rewrite(scaler: "Scaler", steps: Dict[int, List[Step]], planner: "ScaleLossPlanner") -> bool:
+    everything = [step for calls in steps.values() for step in calls]
+    if len(scaler.optimizers) == 1:
+        updates = {id(call) for _, call in everything}
+    else:
+        places = {(id(unit), id(unit.analysis.block_of(unit.analysis.statement_of(call)))) for unit, call in everything}
+        if len(places) != 1 or any(len(calls) != 1 for calls in steps.values()):
+            names = ", ".join(planner.optimizer_name(index) for index in scaler.optimizers)
+            unit, call = everything[0]
+            unit.plan.todo(call, f"{names} share {scaler.name} but step in different places; call "
+                                 f"`{scaler.name}.step(...)` for each, then `{scaler.name}.update()` once per iteration")
+            return False
+        unit = everything[0][0]
+        updates = {id(max(everything, key=lambda step: unit.analysis.position(step[1]))[1])}
+    for unit, call in everything:
+        optimizer = unit.analysis.code(call.func.value)
+        unit.plan.replace_small(unit.analysis.small_statement_of(call), _step_edit(scaler.name, optimizer,
+                                                                                  id(call) in updates))
+    return True
+
+
+def _flag_patched_optimizers(units: List["Unit"]) -> None:
+    for unit in units:
+        for assign in walk(unit.analysis.module, (cst.Assign, cst.AugAssign)):
+            targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
+            for target in targets:
+                if isinstance(target, cst.Attribute) and target.attr.value in PATCHED_OPTIMIZER_METHODS \
+                        and unit.ties.optimizer(target.value) is not None:
+                    unit.plan.todo(assign, f"`{dotted_text(target)}` is replaced here; torch.amp.GradScaler.step "
+                                           "calls the optimizer's step itself and skips it on inf/NaN gradients: "
+                                           "check the replacement still works under it")
+
+
+def _step_edit(scaler: str, optimizer: str, update: bool):
+    def edit(_: cst.BaseSmallStatement):
+        produced = [small_statement(f"{scaler}.step({optimizer})")]
+        if update:
+            produced.append(small_statement(f"{scaler}.update()"))
+        return produced
+
+    return edit

@@ -54,8 +54,8 @@ _PARAMETER = torch.nn.Parameter
 _MIN_PRUNE_SIZE = 64
 
 
-def _compile_flag():
-    """torch.compiler.is_compiling (torch >= 2.3), torch._dynamo's older spelling, or never."""
+def compile_flag() -> Callable[[], bool]:
+    """torch.compiler.is_compiling (torch >= 2.3), torch._dynamo's older spelling (torch 2.1, 2.2), or never."""
     compiler = getattr(torch, "compiler", None)
     flag = getattr(compiler, "is_compiling", None)
     if flag is None:
@@ -63,7 +63,7 @@ def _compile_flag():
     return flag if flag is not None else (lambda: False)
 
 
-tracing = _compile_flag()
+tracing = compile_flag()
 _dispatch_modes: Callable[[], int] = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 _functorch_wrapped: Callable[[torch.Tensor], bool] = getattr(
     getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda tensor: False)

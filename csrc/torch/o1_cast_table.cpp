@@ -11,12 +11,12 @@
 
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <algorithm>
 
 #include "o1_cast_table.h"
 #include "o1_casts.h"
-#include "torch_compat.h"
 
 namespace apexlite {
 namespace o1 {
@@ -155,7 +155,7 @@ at::Tensor convert(const at::Tensor& tensor, at::ScalarType dtype) {
 }
 
 at::Tensor cached_cast(CastCacheObject* cache, PyObject* tensor_obj, const at::Tensor& tensor, at::ScalarType dtype) {
-  if (!is_weight(tensor_obj, tensor) || compat::dispatch_modes_active()) {
+  if (!is_weight(tensor_obj, tensor) || c10::impl::TorchDispatchModeTLS::any_modes_set()) {
     return convert(tensor, dtype);
   }
   CacheTable& table = *cache->table;

@@ -14,7 +14,7 @@ Results go to docs/compat_runs/torch-<version>.json (kept: they are the evidence
 versions can be measured one at a time; the table between the markers in docs/compatibility.md is
 rendered from every result file there, and the prose around it is left as written.
 
-    python scripts/compat_matrix.py --venv /tmp/venv-2.1 --torch 2.1.2 --env APEXLITE_CUDA=0
+    python scripts/compat_matrix.py --venv /tmp/venv-2.5 --torch 2.5.1
     python scripts/compat_matrix.py --render-only
 """
 from __future__ import annotations

@@ -156,6 +156,8 @@ def render(results: List[dict]) -> str:
 def write_doc(results: List[dict]) -> None:
     """Replace what lies between the markers of docs/compatibility.md with the rendered table."""
     text = DOC.read_text()
+    if START not in text or END not in text:
+        raise ValueError(f"{DOC} lacks the lines {START} and {END} that enclose the table")
     start, end = text.index(START) + len(START), text.index(END)
     DOC.write_text(text[:start] + "\n" + render(results) + "\n" + text[end:])
 

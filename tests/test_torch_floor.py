@@ -18,6 +18,13 @@ def test_pyproject_requires_the_same_floor():
     assert torch_floor.parse(requirement.group(1)) == torch_floor.MIN_TORCH
 
 
+def test_ci_runs_the_floor():
+    with open(os.path.join(REPO, ".ci", "run"), encoding="utf-8") as handle:
+        pinned = re.search(r"^FLOOR_TORCH=([0-9.]+)", handle.read(), re.MULTILINE)
+    assert pinned is not None, ".ci/run pins no FLOOR_TORCH"
+    assert torch_floor.parse(pinned.group(1)) == torch_floor.MIN_TORCH
+
+
 @pytest.mark.parametrize("version", ["2.5.1+cu124", "2.13.0+cpu", "2.14.1+cu130", "2.10.0a0+git1234", "3.0.0"])
 def test_supported_versions_get_no_message(version):
     assert torch_floor.unsupported_message(version) is None

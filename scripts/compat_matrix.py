@@ -9,7 +9,7 @@ this checkout (so the editable install's compiled extension of one torch never r
   4. example:  python -m apexlite run examples/imagenet_amp.py at O1 and O2, in fp16 and bf16
   5. suite:    python -m pytest (native path, where the O1 tests run both cast paths through the
                `cast_path` fixture), then again with APEXLITE_DISABLE_EXTENSION=1 (everything pure
-               Python); `--suite-args` narrows both runs, `--no-suite` skips them
+               Python); `--suite-args` narrows both runs, `--suite-paths` picks them
 Results go to docs/compat_runs/torch-<version>.json (kept: they are the evidence), one file per torch, so
 versions can be measured one at a time; the table between the markers in docs/compatibility.md is
 rendered from every result file there, and the prose around it is left as written.
@@ -88,7 +88,8 @@ def create_venv(venv: Path, torch_spec: str) -> None:
                            *TEST_REQUIREMENTS])
 
 
-def measure(venv: Path, extra_env: Dict[str, str], suite_args: Optional[List[str]], timeout: float) -> dict:
+def measure(venv: Path, extra_env: Dict[str, str], suite_args: List[str], suite_paths: List[str],
+            timeout: float) -> dict:
     python = str(venv / "bin" / "python")
     facts = interpreter_facts(python)
     env = dict(os.environ, **extra_env)
@@ -106,9 +107,10 @@ def measure(venv: Path, extra_env: Dict[str, str], suite_args: Optional[List[str
         for level, dtype in EXAMPLE_CASES:
             steps[f"example {level} {dtype}"] = run([python, *EXAMPLE, "--opt-level", level], tree,
                                                     dict(env, APEXLITE_DTYPE=dtype), timeout)
-        if suite_args is not None:
-            pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *suite_args]
+        pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(suite_args or [])]
+        if "native" in suite_paths:
             steps["suite native"] = run(pytest, tree, env, timeout)
+        if "python" in suite_paths:
             steps["suite python"] = run(pytest, tree, dict(env, APEXLITE_DISABLE_EXTENSION="1"), timeout)
     return result
 
@@ -169,7 +171,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="with --venv (same order): create that venv with this torch first if it is missing")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE set for every step (recorded)")
     parser.add_argument("--suite-args", default="", help="arguments for both pytest runs (default: the whole suite)")
-    parser.add_argument("--no-suite", action="store_true", help="skip the test suite runs")
+    parser.add_argument("--suite-paths", default="native,python",
+                        help="comma-separated suite runs: native (as installed), python "
+                             "(APEXLITE_DISABLE_EXTENSION=1); 'none' runs neither (default: native,python)")
     parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds per step")
     parser.add_argument("--render-only", action="store_true", help="rewrite the table from docs/compat_runs/*.json")
     args = parser.parse_args(argv)
@@ -180,8 +184,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             if index >= len(args.torch):
                 parser.error(f"{venv} has no bin/python; give --torch VERSION to create it")
             create_venv(venv, args.torch[index])
-        suite_args = None if args.no_suite else args.suite_args.split()
-        result = measure(venv, extra_env, suite_args, args.timeout)
+        result = measure(venv, extra_env, args.suite_args.split(), args.suite_paths.split(","), args.timeout)
         result["date"] = datetime.date.today().isoformat()
         result["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform(terse=True)}"
         out = RESULTS / f"torch-{result['facts']['torch']}.json"

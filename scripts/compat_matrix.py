@@ -151,6 +151,10 @@ def render(results: List[dict]) -> str:
     lines += ["", "Commands (run in a fresh copy of the checkout, `python` being the venv's interpreter):", ""]
     for name, step in (results[-1]["steps"].items() if results else []):
         command = re.sub(r"^\S*python\S*", "python", step["command"])
+        if name.startswith("example"):
+            command = f"APEXLITE_DTYPE={name.split()[-1]} {command}"
+        elif name == "suite python":
+            command = f"APEXLITE_DISABLE_EXTENSION=1 {command}"
         lines.append(f"- {name}: `{command}`")
     return "\n".join(lines)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install apexlite and its dependencies into the Python environment of $PYTHON (default: python3).
-# torch is pinned to the CPU build that this machine keeps on local disk; users may use any torch>=2.1.
+# torch is pinned to the CPU build that this machine keeps on local disk; users may use any torch>=2.5
+# (docs/compatibility.md).
 #
 # A call with nothing changed since the last install returns at once. What was installed is recorded in
 # a stamp per interpreter (build/install-stamps/): the interpreter and its prefix, this checkout, the

@@ -8,6 +8,7 @@ import torch
 
 from apexlite._logging import get_logger
 from apexlite.amp.errors import AmpUsageError
+from apexlite.amp.o1.cache import compile_flag
 from apexlite.amp.scaler import LossScaler
 from apexlite.amp.session import NOT_INITIALIZED_MESSAGE, AmpSession, current_session
 
@@ -118,10 +119,7 @@ def _settle_after_error(amp_optimizers: List[Any], scaler: LossScaler, delay_uns
             amp_optimizer.post_backward(scaler, delay_unscale=False)
 
 
-def _compiling() -> bool:
-    """True while torch.compile traces this code (torch >= 2.3 can tell; older versions say False)."""
-    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    return bool(is_compiling is not None and is_compiling())
+_compiling = compile_flag()  # True while torch.compile traces this code
 
 
 class DisabledCasts(contextlib.ContextDecorator):

@@ -37,9 +37,11 @@ def broadcast_master_params(module: torch.nn.Module, process_group: Optional[Any
     owned = {id(p) for p in module.parameters()}
     masters = [master for state in session.optimizers.values()
                for param, master in state.grads.master_pairs() if id(param) in owned]
+    # the group's rank 0 by its global rank: broadcast's group_src= spelling needs torch >= 2.6
+    source = dist.get_global_rank(process_group, 0) if process_group is not None else 0
     with torch.no_grad():
         for master in masters:
-            dist.broadcast(master, group=process_group, group_src=0)
+            dist.broadcast(master, src=source, group=process_group)
     return len(masters)
 
 

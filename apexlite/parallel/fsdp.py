@@ -40,13 +40,25 @@ def check_fsdp_opt_level(opt_level: str) -> None:
     raise AmpConfigError(f"unknown opt_level {opt_level!r}; FSDP supports {', '.join(FSDP_OPT_LEVELS)}.")
 
 
+def fsdp2() -> Any:
+    """The module holding FSDP2's `fully_shard` and `MixedPrecisionPolicy`: torch.distributed.fsdp from
+    torch 2.6, torch.distributed._composable.fsdp in torch 2.5 (the floor)."""
+    import torch.distributed.fsdp as public
+
+    if hasattr(public, "fully_shard"):
+        return public
+    import torch.distributed._composable.fsdp as composable
+
+    return composable
+
+
 def fully_shard(module: torch.nn.Module, **kwargs: Any) -> torch.nn.Module:
     """torch's FSDP2 `fully_shard`, refusing a model whose params were already cast to fp16/bf16.
 
     A model cast by O2/O3 (or by hand) would be sharded in low precision with no fp32 master; pass
     the fp32 model and `mp_policy=MixedPrecisionPolicy(param_dtype=...)` instead.
     """
-    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+    torch_fully_shard = fsdp2().fully_shard
 
     low = [name for name, p in module.named_parameters() if p.dtype in (torch.float16, torch.bfloat16)]
     if low:
@@ -70,7 +82,7 @@ def initialize_fsdp(model: torch.nn.Module, optimizers: Any, opt_level: str = "O
         amp_kwargs: any other `amp.initialize` argument.
     Returns what `amp.initialize` returns.
     """
-    from torch.distributed.fsdp import FSDPModule
+    FSDPModule = fsdp2().FSDPModule
 
     from apexlite.amp.frontend import initialize
 

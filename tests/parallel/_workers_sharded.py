@@ -133,7 +133,9 @@ def _fsdp_step(model, optimizer, x, y, inject_rank: Optional[int], rank: int) ->
 
 def fsdp_loss_scaling(rank: int, world: int) -> dict:
     """FSDP2 + fp16 MixedPrecisionPolicy + apexlite O0 dynamic scaling; O1; refusals of O2/O3."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from apexlite.parallel.fsdp import fsdp2
+
+    MixedPrecisionPolicy = fsdp2().MixedPrecisionPolicy
 
     out: dict = {}
     data = batches()

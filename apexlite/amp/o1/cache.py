@@ -12,15 +12,16 @@ A tensor is cached only when all of these hold (apexlite._C.CastCache applies th
 Nothing is stored under `inference_mode` (such a cast cannot enter a later autograd graph).
 
 NOTE [cast cache validity]
-An entry is served only for the exact tensor it was cast from: the same tensor object, storage (by
-identity, not address), storage offset, shape, strides and dtype (the storage fixes the device), and
-the same autograd version counter. Every stamp is read BEFORE the cast, so an in-place update that
-races the cast (another thread's step, Hogwild workers) bumps the version past the stamp: the entry
-can only miss. So an optimizer step or `p.add_` (version), `p.data = w` (storage), `w.data =
-w.data.t()` or `.view(...)` (shape or strides, same storage and version) all make the next use cast
-afresh. Writes through `p.data.copy_(w)` (EMA/SWA swaps, loading helpers, clipping outside the
-optimizer) change none of these; they are covered by the cache's lifetime below. A cast made under
-`no_grad` carries no autograd history: it is served again only while grad mode is off.
+An entry is served only for the exact tensor it was cast from: the same tensor object, storage (the
+same StorageImpl: held by a weak reference, its address cannot be reused meanwhile), storage offset,
+shape, strides and dtype (the storage fixes the device), and the same autograd version counter. Every
+stamp is read BEFORE the cast, so an in-place update that races the cast (another thread's step,
+Hogwild workers) bumps the version past the stamp: the entry can only miss. So an optimizer step or
+`p.add_` (version), `p.data = w` (storage), `w.data = w.data.t()` or `.view(...)` (shape or strides,
+same storage and version) all make the next use cast afresh. Writes through `p.data.copy_(w)` (EMA/SWA
+swaps, loading helpers, clipping outside the optimizer) change none of these; they are covered by the
+cache's lifetime below. A cast made under `no_grad` carries no autograd history: it is served again
+only while grad mode is off.
 
 NOTE [cast cache lifetime]
 The cache is cleared when the outermost forward of a model passed to `initialize` returns (so a
@@ -44,6 +45,7 @@ import weakref
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from apexlite.amp.o1.policies import CONVERTERS
 
@@ -52,8 +54,8 @@ _PARAMETER = torch.nn.Parameter
 _MIN_PRUNE_SIZE = 64
 
 
-def _compile_flag():
-    """torch.compiler.is_compiling (torch >= 2.3), torch._dynamo's older spelling, or never."""
+def compile_flag() -> Callable[[], bool]:
+    """torch.compiler.is_compiling (torch >= 2.3), torch._dynamo's older spelling (torch 2.1, 2.2), or never."""
     compiler = getattr(torch, "compiler", None)
     flag = getattr(compiler, "is_compiling", None)
     if flag is None:
@@ -61,7 +63,7 @@ def _compile_flag():
     return flag if flag is not None else (lambda: False)
 
 
-tracing = _compile_flag()
+tracing = compile_flag()
 _dispatch_modes: Callable[[], int] = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 _functorch_wrapped: Callable[[torch.Tensor], bool] = getattr(
     getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda tensor: False)
@@ -76,7 +78,13 @@ _Entry = tuple
 
 def _stamps(tensor: torch.Tensor) -> Optional[tuple]:
     """(storage ref, version, offset, shape, strides, dtype) of a weight, or None when it cannot be
-    validated (NOTE [what the cache takes]). Read before the cast."""
+    validated (NOTE [what the cache takes]). Read before the cast.
+
+    The storage is held by torch's own weak reference to the StorageImpl (as the C++ cache holds it),
+    compared by address: while it is held the StorageImpl's memory cannot be reused, so an equal address
+    is the same storage. A Python weakref to the storage object would not do: torch 2.1 makes a new
+    storage object on every `untyped_storage()` call (the entry could never hit) and frees it without
+    clearing its weak references (dropping the entry then crashed the interpreter)."""
     if (tensor.layout is not torch.strided or tensor.is_meta or tensor.is_inference()
             or _functorch_wrapped(tensor) or _functional(tensor)):
         return None
@@ -84,7 +92,7 @@ def _stamps(tensor: torch.Tensor) -> Optional[tuple]:
         storage = tensor.untyped_storage()
     except (RuntimeError, NotImplementedError):  # a tensor without real storage
         return None
-    return (weakref.ref(storage), tensor._version, tensor.storage_offset(), tensor.shape, tensor.stride(),
+    return (StorageWeakRef(storage), tensor._version, tensor.storage_offset(), tensor.shape, tensor.stride(),
             tensor.dtype)
 
 
@@ -108,9 +116,9 @@ class CastCache:
         entry = self._entries.get(key)
         if entry is not None:
             source, storage, version, offset, shape, stride, source_dtype, cast, cast_ref = entry
-            if (source() is tensor and storage() is tensor.untyped_storage() and version == tensor._version
-                    and offset == tensor.storage_offset() and shape == tensor.shape and stride == tensor.stride()
-                    and source_dtype is tensor.dtype):
+            if (source() is tensor and storage.cdata == tensor.untyped_storage()._cdata
+                    and version == tensor._version and offset == tensor.storage_offset()
+                    and shape == tensor.shape and stride == tensor.stride() and source_dtype is tensor.dtype):
                 if cast is None:
                     cast = cast_ref()
                 if cast is not None and (cast.requires_grad or not (tensor.requires_grad and torch.is_grad_enabled())):

@@ -23,9 +23,15 @@ UNMATCHED_POP_MESSAGE = "CastState.pop_disabled() without a matching push_disabl
 
 
 class _ThreadSwitches(threading.local):
-    """Per-thread state; the class attributes are the defaults every new thread starts from."""
+    """Per-thread state, set up afresh in each thread that reads it.
 
-    disabled_depth = 0  # > 0 while this thread is inside a casts-off block
+    Instance attributes, not class-level defaults: torch.compile (torch 2.5's dynamo at least) reads a
+    thread-local's class attribute instead of the thread's own value and guards nothing, so compiled code
+    would keep casting inside `amp.disable_casts()`; an attribute set in `__init__` is read and guarded.
+    """
+
+    def __init__(self) -> None:
+        self.disabled_depth = 0  # > 0 while this thread is inside a casts-off block
 
 
 class CastSwitches:

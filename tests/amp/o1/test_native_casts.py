@@ -8,7 +8,8 @@ from apexlite.amp.o1.cache import CastCache
 from apexlite.amp.session import current_session
 
 
-def test_a_built_extension_gives_the_native_path():
+def test_a_built_extension_gives_the_native_path(monkeypatch):
+    monkeypatch.delenv(native_casts.DISABLE_ENV, raising=False)  # the suite may run with it set
     try:
         import apexlite._C  # noqa: F401
     except ImportError:
@@ -29,6 +30,7 @@ def test_disable_env_selects_the_python_path_and_doctor_says_so(monkeypatch):
 
 
 def test_without_the_extension_the_python_path_is_used(monkeypatch):
+    monkeypatch.delenv(native_casts.DISABLE_ENV, raising=False)
     monkeypatch.setattr(native_casts, "_native_module", lambda: None)
     assert native_casts.status().startswith("python (apexlite._C is not built")
     amp.initialize(torch.nn.Linear(2, 2), opt_level="O1", dtype=torch.bfloat16, verbosity=0)

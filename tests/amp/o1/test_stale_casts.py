@@ -6,6 +6,7 @@ applied by hand to the weights' *current* values (exact for bf16: one rounding e
 """
 import contextlib
 import copy
+import gc
 
 import pytest
 import torch
@@ -166,6 +167,29 @@ def test_data_rebound_to_another_storage_at_the_same_address_is_cast_afresh(o1_p
     weight.data = second
     assert weight.data_ptr() == first.data_ptr()
     assert torch.equal(torch.nn.functional.linear(x, weight).detach(), _fresh(weight, x))
+
+
+def test_an_entry_outlives_the_storage_it_was_stamped_from(o1_pair):
+    """An entry is served while its weight keeps its storage; `p.data = w` then frees that storage while the
+    cache still holds the entry stamped from it: the entry misses, and dropping it is harmless. (torch 2.1
+    makes a new storage object per `untyped_storage()` call and frees it without clearing Python weak
+    references to it: a cache stamping storages that way never hit, and crashed the interpreter when cleared.)"""
+    model, _, _ = o1_pair
+    weight = model[0].weight
+    x = torch.randn(3, weight.shape[1])
+    cache = current_session().cache
+    torch.nn.functional.linear(x, weight)
+    cache.reset_counters()
+    torch.nn.functional.linear(x, weight)
+    assert (cache.casts, cache.hits) == (0, 1)
+    weight.data = torch.randn_like(weight)  # the old storage's last reference goes
+    gc.collect()
+    cache.reset_counters()
+    out = torch.nn.functional.linear(x, weight)
+    assert (cache.casts, cache.hits) == (1, 0)
+    cache.clear()
+    gc.collect()
+    assert torch.equal(out.detach(), _fresh(weight, x))
 
 
 @contextlib.contextmanager

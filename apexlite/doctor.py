@@ -21,6 +21,7 @@ import torch
 
 from apexlite import _build_plan as plan
 from apexlite import _ext
+from apexlite import _kernel_state as state
 from apexlite.optimizers import _torch_fused
 
 Rows = List[Tuple[str, str]]
@@ -47,15 +48,15 @@ def _compiler_version(cxx: Optional[str]) -> str:
 
 
 def _installed_from() -> str:
-    checkout = _ext.PACKAGE.parent
-    return f"checkout {checkout}" if (checkout / "setup.py").is_file() else f"installed at {_ext.PACKAGE}"
+    checkout = state.PACKAGE.parent
+    return f"checkout {checkout}" if (checkout / "setup.py").is_file() else f"installed at {state.PACKAGE}"
 
 
 def version_text() -> str:
     """`python -m apexlite --version`: apexlite, torch, CUDA and compiler facts in two lines."""
     from apexlite import __version__
 
-    tools = _ext.toolchain()
+    tools = state.toolchain()
     cuda = f"CUDA {tools.torch_cuda}" if tools.torch_cuda else "CPU-only"
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU visible"
     nvcc = f"nvcc {tools.nvcc_version or '?'} ({tools.nvcc})" if tools.nvcc else "nvcc not found"
@@ -98,7 +99,7 @@ STATE_WORDS = {"installed": "installed", "cached": "JIT-cached", "buildable": "n
                "incompatible": "incompatible", "failed": "failed", "disabled": "disabled"}
 
 
-def kernel_text(found: _ext.Finding, library: str) -> str:
+def kernel_text(found: state.Finding, library: str) -> str:
     """One kernel's row: its state word, then why or what happens next."""
     if found.state == "buildable":
         return f"not compiled yet ({found.detail}); {plan.first_use_note(library, plan.parallel_jobs())}"
@@ -111,7 +112,7 @@ def _fallback(device_type: str) -> str:
     return f"the pure-torch reference, slow (torch {torch.__version__} has no fused Adam for {device_type})"
 
 
-def _paths(cpu: _ext.Finding, cuda: _ext.Finding) -> Rows:
+def _paths(cpu: state.Finding, cuda: state.Finding) -> Rows:
     """The paths FusedAdam and O1 take now (after a first-use build where one is pending)."""
     from apexlite.amp.o1 import native_casts
 
@@ -137,12 +138,12 @@ def report() -> Rows:
     """(label, value) rows of the doctor report; compiles nothing."""
     from apexlite import __version__
 
-    tools = _ext.toolchain()
-    cpu = _ext.find_cpu()
+    tools = state.toolchain()
+    cpu = state.find_cpu()
     cpu_status = _ext.status() if cpu.state in ("installed", "cached", "disabled") else _ext.ExtensionStatus(
         "unavailable", cpu.detail)
-    cuda = _ext.find_cuda(cpu_status)
-    csrc = _ext.kernel_sources()
+    cuda = state.find_cuda(cpu_status)
+    csrc = state.kernel_sources()
     rows = [
         ("apexlite", f"{__version__} ({_installed_from()})"),
         ("python", f"{platform.python_version()} ({sys.executable})"),

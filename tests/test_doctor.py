@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from apexlite import _ext, _jit_build, cli, doctor
+from apexlite import _ext, _jit_build
+from apexlite import _kernel_state as state, cli, doctor
 from apexlite.compat import hook
 from apexlite.optimizers import _torch_fused
 
@@ -17,18 +18,18 @@ LIBRARY = _jit_build.CachedLibrary("cpu", _jit_build.Path("/cache/cpu-x"))
 
 # CPU library finding -> (CPU kernel row starts with, FusedAdam on CPU row starts with, O1 casts row starts with)
 CPU_ROWS = {
-    "installed": (_ext.Finding("installed", "apexlite._C at /x/_C.so"), "installed: apexlite._C at /x/_C.so",
+    "installed": (state.Finding("installed", "apexlite._C at /x/_C.so"), "installed: apexlite._C at /x/_C.so",
                   "apexlite's compiled kernel", None),
-    "cached": (_ext.Finding("cached", "compiled on first use, cached in /c", LIBRARY), "JIT-cached: compiled on",
+    "cached": (state.Finding("cached", "compiled on first use, cached in /c", LIBRARY), "JIT-cached: compiled on",
                "apexlite's compiled kernel", None),
-    "buildable": (_ext.Finding("buildable", "not compiled at install (torch was not importable by the build)", LIBRARY),
+    "buildable": (state.Finding("buildable", "not compiled at install (torch was not importable by the build)", LIBRARY),
                   "not compiled yet (not compiled at install (torch was not importable by the build)); compiled on "
                   "the first FusedAdam step or O1 session, once per torch version (about",
                   f"{FALLBACK} until the first use compiles apexlite's kernel", "python (native once"),
-    "incompatible": (_ext.Finding("incompatible", "cannot compile them here: no C++ compiler found"),
+    "incompatible": (state.Finding("incompatible", "cannot compile them here: no C++ compiler found"),
                      "incompatible: cannot compile them here: no C++ compiler found", FALLBACK,
                      "python (the CPU library is not available"),
-    "failed": (_ext.Finding("failed", "compiling them failed on 2026-11-25: x.cpp:1: error: y", LIBRARY),
+    "failed": (state.Finding("failed", "compiling them failed on 2026-11-25: x.cpp:1: error: y", LIBRARY),
                "failed: compiling them failed on 2026-11-25: x.cpp:1: error: y", FALLBACK,
                "python (the CPU library is not available"),
 }
@@ -43,15 +44,15 @@ def no_compiling(monkeypatch):
     monkeypatch.setattr(_jit_build, "build", refuse)
 
 
-@pytest.mark.parametrize("state", list(CPU_ROWS))
-def test_cpu_rows(monkeypatch, no_compiling, state):
-    found, kernel, fused_adam, o1 = CPU_ROWS[state]
-    monkeypatch.setattr(_ext, "find_cpu", lambda retry=False: found)
-    if state in ("installed", "cached"):
+@pytest.mark.parametrize("found_state", list(CPU_ROWS))
+def test_cpu_rows(monkeypatch, no_compiling, found_state):
+    found, kernel, fused_adam, o1 = CPU_ROWS[found_state]
+    monkeypatch.setattr(state, "find_cpu", lambda retry=False: found)
+    if found_state in ("installed", "cached"):
         monkeypatch.setattr(_ext, "status", lambda: _ext.ExtensionStatus("installed", "x"))
     rows = dict(doctor.report())
     assert rows["CPU kernel"].startswith(kernel)
-    assert rows["O1 native casts"].startswith(doctor.STATE_WORDS[state])
+    assert rows["O1 native casts"].startswith(doctor.STATE_WORDS[found_state])
     assert rows["FusedAdam on CPU"].startswith(fused_adam)
     if o1 is not None:
         assert rows["O1 casts"].startswith(o1)
@@ -59,16 +60,16 @@ def test_cpu_rows(monkeypatch, no_compiling, state):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the GPU-less wording")
 @pytest.mark.parametrize("found, kernel, path", [
-    (_ext.Finding("installed", "apexlite._C compiled with CUDA (x)"), "installed: ", "apexlite's compiled kernel"),
-    (_ext.Finding("buildable", "not compiled yet", LIBRARY), "not compiled yet (not compiled yet); compiled on the "
+    (state.Finding("installed", "apexlite._C compiled with CUDA (x)"), "installed: ", "apexlite's compiled kernel"),
+    (state.Finding("buildable", "not compiled yet", LIBRARY), "not compiled yet (not compiled yet); compiled on the "
      "first FusedAdam step on a GPU", "until the first GPU step compiles apexlite's kernel"),
-    (_ext.Finding("incompatible", "nvcc 13.0 (/usr/bin/nvcc) does not match the CUDA 12.1 torch was built with"),
+    (state.Finding("incompatible", "nvcc 13.0 (/usr/bin/nvcc) does not match the CUDA 12.1 torch was built with"),
      "incompatible: nvcc 13.0", "torch's fused Adam ops"),
 ], ids=["installed", "buildable", "mismatch"])
 def test_cuda_rows_without_a_gpu(monkeypatch, no_compiling, found, kernel, path):
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(_torch_fused, "available", lambda device_type: True)
-    monkeypatch.setattr(_ext, "find_cuda", lambda cpu, retry=False: found)
+    monkeypatch.setattr(state, "find_cuda", lambda cpu, retry=False: found)
     rows = dict(doctor.report())
     assert rows["CUDA kernel"].startswith(kernel)
     assert rows["FusedAdam on CUDA"].startswith("n/a here (no GPU visible); on a GPU: ") and path in rows["FusedAdam on CUDA"]

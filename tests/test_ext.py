@@ -16,6 +16,7 @@ import torch
 
 from apexlite import _build_plan as plan
 from apexlite import _ext, _jit_build
+from apexlite import _kernel_state as state
 from apexlite.optimizers import _adam_step, _torch_fused
 from tests.test_build_plan import CUDA_121_NVCC_130, CUDA_130_NVCC_130, tools
 
@@ -24,7 +25,7 @@ CPU_TITLE = _jit_build.TITLES["cpu"]
 
 def _clear_caches() -> None:
     """Forgets what this process found (the functions a fixture replaced have no cache to clear)."""
-    for cached in (_ext._cpu_library, _ext.cuda_status, _ext._installed_module, _ext.toolchain,
+    for cached in (_ext._cpu_library, _ext.cuda_status, state.installed_module, state.toolchain,
                    _ext.warn_fallback, _adam_step._note_torch_path):
         getattr(cached, "cache_clear", lambda: None)()
 
@@ -52,12 +53,12 @@ def machine(monkeypatch, tmp_path):
     """A torch 2.13 CPU machine with a compiler, no installed apexlite._C and an empty first-use cache."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv(_ext.DISABLE_ENV, raising=False)
-    monkeypatch.setattr(_ext, "RECORD", tmp_path / "_build_record.json")
-    monkeypatch.setattr(_ext, "_installed_module", lambda: (None, "not compiled at install"))
-    monkeypatch.setattr(_ext, "toolchain", lambda: tools(torch_version=torch.__version__))
+    monkeypatch.setattr(state, "RECORD", tmp_path / "_build_record.json")
+    monkeypatch.setattr(state, "installed_module", lambda: (None, "not compiled at install"))
+    monkeypatch.setattr(state, "toolchain", lambda: tools(torch_version=torch.__version__))
     loaded = types.SimpleNamespace(CastWrapper=object)
     monkeypatch.setattr(_ext, "_load_python_module", lambda path: loaded)
-    monkeypatch.setattr(_ext, "_has_kernel", lambda key: key == "CPU")
+    monkeypatch.setattr(state, "has_kernel", lambda key: key == "CPU")
     compiler = FakeCompiler()
     monkeypatch.setattr(_jit_build, "build", compiler)
     _clear_caches()
@@ -74,7 +75,7 @@ def test_first_use_compiles_once_and_says_so_before_and_after(machine, caplog):
         found = _ext.status()
         assert _ext.status() is found
     assert found.source == "jit" and found.cpu and _ext.native_module().CastWrapper is object
-    assert machine.builds == [("cpu", [p.name for p in plan.cpu_sources(_ext.kernel_sources())], False)]
+    assert machine.builds == [("cpu", [p.name for p in plan.cpu_sources(state.kernel_sources())], False)]
     (level1, before), (level2, after) = _messages(caplog)
     assert before.startswith(f"apexlite: compiling apexlite's {CPU_TITLE} for torch {torch.__version__} (first use, "
                              "about ") and " min with " in before
@@ -90,7 +91,7 @@ def test_a_later_process_loads_the_cached_build_quietly(machine, caplog):
         found = _ext.status()
     assert found.source == "jit" and "cached in" in found.detail
     assert len(machine.builds) == 1 and _messages(caplog) == []
-    assert _ext.find_cpu().state == "cached"
+    assert state.find_cpu().state == "cached"
 
 
 def test_a_build_error_is_said_once_then_remembered(machine, caplog, monkeypatch):
@@ -112,7 +113,7 @@ def test_a_build_error_is_said_once_then_remembered(machine, caplog, monkeypatch
     assert len(machine.builds) == 1
     [(level, message)] = _messages(caplog)
     assert level == logging.WARNING and "failed on" in message and machine.error in message
-    assert _ext.find_cpu().state == "failed"
+    assert state.find_cpu().state == "failed"
 
 
 def test_doctor_build_retries_after_a_build_error(machine):
@@ -120,18 +121,18 @@ def test_doctor_build_retries_after_a_build_error(machine):
     assert not _ext.status().cpu
     machine.error = ""
     assert _ext.build_now("cpu").source == "jit"
-    assert len(machine.builds) == 2 and _ext.find_cpu().state == "cached"
+    assert len(machine.builds) == 2 and state.find_cpu().state == "cached"
 
 
 def _write_record(machine_record, cpu_state, detail="", torch_version=None):
     machine_record.write_text(json.dumps({
         "torch": torch_version or torch.__version__, "abi": plan.abi_tag(),
-        "sources": plan.source_digest(_ext.kernel_sources()),
+        "sources": plan.source_digest(state.kernel_sources()),
         "cpu": {"state": cpu_state, "detail": detail}, "cuda": {"state": "not built", "detail": ""}}))
 
 
 def test_a_compile_that_failed_at_install_is_not_repeated_on_first_use(machine, caplog):
-    _write_record(_ext.RECORD, "failed", "ops.cpp:1: error: boom")
+    _write_record(state.RECORD, "failed", "ops.cpp:1: error: boom")
     with caplog.at_level(logging.INFO, logger="apexlite"):
         found = _ext.status()
     assert not found.cpu and machine.builds == []
@@ -141,9 +142,9 @@ def test_a_compile_that_failed_at_install_is_not_repeated_on_first_use(machine, 
 
 
 def test_a_record_of_other_sources_does_not_block_first_use(machine):
-    _write_record(_ext.RECORD, "failed", "error: old")
-    record = json.loads(_ext.RECORD.read_text())
-    _ext.RECORD.write_text(json.dumps(dict(record, sources="0" * 16)))
+    _write_record(state.RECORD, "failed", "error: old")
+    record = json.loads(state.RECORD.read_text())
+    state.RECORD.write_text(json.dumps(dict(record, sources="0" * 16)))
     assert _ext.status().source == "jit" and len(machine.builds) == 1
 
 
@@ -152,11 +153,11 @@ def test_a_record_of_other_sources_does_not_block_first_use(machine):
     (dict(ninja=False), "ninja is not installed"),
 ], ids=["no-compiler", "no-ninja"])
 def test_nothing_is_compiled_where_it_cannot_be(machine, monkeypatch, caplog, facts, expected):
-    monkeypatch.setattr(_ext, "toolchain", lambda: tools(torch_version=torch.__version__, **facts))
+    monkeypatch.setattr(state, "toolchain", lambda: tools(torch_version=torch.__version__, **facts))
     with caplog.at_level(logging.INFO, logger="apexlite.ext"):
         found = _ext.status()
     assert not found.cpu and not found.said and expected in found.detail and "not compiled at install" in found.detail
-    assert machine.builds == [] and _messages(caplog) == [] and _ext.find_cpu().state == "incompatible"
+    assert machine.builds == [] and _messages(caplog) == [] and state.find_cpu().state == "incompatible"
 
 
 def test_disabled_compiles_and_loads_nothing(machine, monkeypatch):
@@ -165,34 +166,34 @@ def test_disabled_compiles_and_loads_nothing(machine, monkeypatch):
 
 
 def test_kernel_sources_of_a_checkout_and_of_a_wheel(monkeypatch, tmp_path):
-    assert _ext.kernel_sources() is None or plan.is_kernel_tree(_ext.kernel_sources())
+    assert state.kernel_sources() is None or plan.is_kernel_tree(state.kernel_sources())
     package = tmp_path / "site-packages" / "apexlite"
-    monkeypatch.setattr(_ext, "PACKAGE", package)
-    assert _ext.kernel_sources() is None
+    monkeypatch.setattr(state, "PACKAGE", package)
+    assert state.kernel_sources() is None
     (package / "_csrc" / "torch").mkdir(parents=True)
     (package / "_csrc" / "torch" / "ops.cpp").write_text("")
-    assert _ext.kernel_sources() == package / "_csrc"
-    monkeypatch.setattr(_ext, "kernel_sources", lambda: None)
-    monkeypatch.setattr(_ext, "_installed_module", lambda: (None, "not compiled at install"))
-    found = _ext.find_cpu()
+    assert state.kernel_sources() == package / "_csrc"
+    monkeypatch.setattr(state, "kernel_sources", lambda: None)
+    monkeypatch.setattr(state, "installed_module", lambda: (None, "not compiled at install"))
+    found = state.find_cpu()
     assert found.state == "incompatible" and "no kernel sources" in found.detail
 
 
 def test_an_installed_library_of_another_torch_is_not_loaded(monkeypatch, tmp_path):
     _write_record(tmp_path / "record.json", "built", torch_version="1.0.0")
-    monkeypatch.setattr(_ext, "RECORD", tmp_path / "record.json")
-    _ext._installed_module.cache_clear()
+    monkeypatch.setattr(state, "RECORD", tmp_path / "record.json")
+    state.installed_module.cache_clear()
     try:
-        assert _ext._installed_module() == (None, "the installed apexlite._C was compiled for torch 1.0.0")
+        assert state.installed_module() == (None, "the installed apexlite._C was compiled for torch 1.0.0")
     finally:
-        _ext._installed_module.cache_clear()
+        state.installed_module.cache_clear()
 
 
 def test_an_installed_library_has_its_record():
-    module, _ = _ext._installed_module()
+    module, _ = state.installed_module()
     if module is None:
         pytest.skip("apexlite._C is not installed here")
-    record = _ext.install_record()
+    record = state.install_record()
     assert record is not None and record["cpu"]["state"] == "built" and record["torch"] == torch.__version__
 
 
@@ -201,14 +202,14 @@ def gpu_machine(machine, monkeypatch):
     """The same, with a CUDA 13.0 torch, nvcc 13.0 and a GPU; the CPU library installed without CUDA."""
     registered = {"CPU": True, "CUDA": False}
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
-    monkeypatch.setattr(_ext, "toolchain", lambda: tools(**CUDA_130_NVCC_130))
+    monkeypatch.setattr(state, "toolchain", lambda: tools(**CUDA_130_NVCC_130))
     monkeypatch.setattr(_ext, "_cpu_library", lambda: (_ext.ExtensionStatus("installed", "/x/_C.so"), None))
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
     monkeypatch.setattr(torch.ops, "load_library", lambda path: registered.update(CUDA=True))
-    monkeypatch.setattr(_ext, "_has_kernel", lambda key: registered[key])
+    monkeypatch.setattr(state, "has_kernel", lambda key: registered[key])
     return machine
 
 
@@ -227,11 +228,11 @@ def test_cuda_kernel_is_compiled_once_on_first_gpu_use(gpu_machine):
 ])
 def test_cuda_kernel_is_not_compiled_without_what_it_needs(gpu_machine, monkeypatch, change, expected):
     if change == "mismatch":
-        monkeypatch.setattr(_ext, "toolchain", lambda: tools(**CUDA_121_NVCC_130))
+        monkeypatch.setattr(state, "toolchain", lambda: tools(**CUDA_121_NVCC_130))
     elif change == "cpu_torch":
-        monkeypatch.setattr(_ext, "toolchain", lambda: tools())
+        monkeypatch.setattr(state, "toolchain", lambda: tools())
     elif change == "no_toolkit":
-        monkeypatch.setattr(_ext, "toolchain", lambda: tools(**dict(CUDA_130_NVCC_130, nvcc=None, nvcc_version=None)))
+        monkeypatch.setattr(state, "toolchain", lambda: tools(**dict(CUDA_130_NVCC_130, nvcc=None, nvcc_version=None)))
     else:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert not _ext.kernels_available("cuda")

@@ -171,7 +171,7 @@ def _read(path):
 
 def _include_dirs(with_cuda):
     dirs = [str(path) for path in plan.include_dirs(CSRC)]
-    return dirs + (plan.pip_cuda_includes() if with_cuda else [])
+    return dirs + (plan.cuda_include_dirs(plan.find_cuda_home()) if with_cuda else [])
 
 
 def _relative(paths):
@@ -200,6 +200,10 @@ def native_build():
         return [], cmdclass, (None, f"{plan.BUILD_ENV}=0")
     try:
         import torch
+
+        if torch.version.cuda and not os.environ.get("CUDA_HOME") and plan.find_cuda_home():
+            # before torch's builder is imported: it would take nvcc's parent folder for the toolkit
+            os.environ["CUDA_HOME"] = plan.find_cuda_home()
         from torch.utils import cpp_extension
     except ImportError:
         if os.environ.get(plan.REQUIRE_ENV) == "1":

@@ -43,7 +43,7 @@ DOCTOR_BUILD = "python -m apexlite doctor --build"
 
 # Compiler CPU time of each library, measured on the 2-vCPU reference machine with CXX_FLAGS
 # (BENCHMARKS.md, "Building the kernels"); divided by the parallel jobs for the "about N minutes" notice.
-CPU_SECONDS = {"cpu": 110.0, "cuda": 240.0}
+CPU_SECONDS = {"cpu": 110.0, "cuda": 30.0}
 
 
 def truthy(value: Optional[str]) -> bool:
@@ -122,6 +122,7 @@ class Toolchain:
     ninja: bool                    # the JIT build needs ninja; the install only runs faster with it
     nvcc: Optional[str] = None
     nvcc_version: Optional[str] = None  # "13.0"
+    cuda_home: Optional[str] = None     # the toolkit folder (bin/nvcc, include/cuda_runtime_api.h)
 
 
 def nvcc_release(nvcc: str) -> Optional[str]:
@@ -134,13 +135,30 @@ def nvcc_release(nvcc: str) -> Optional[str]:
     return found.group(1) if found else None
 
 
+def is_cuda_toolkit(root: str) -> bool:
+    """Whether `root` is a CUDA toolkit: nvcc in bin/ and the runtime's headers in include/."""
+    return (os.path.isfile(os.path.join(root, "bin", "nvcc"))
+            and os.path.isfile(os.path.join(root, "include", "cuda_runtime_api.h")))
+
+
+def find_cuda_home(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The CUDA toolkit's folder: $CUDA_HOME or $CUDA_PATH when set, else the first real toolkit of nvcc's
+    folder (resolving links) and /usr/local/cuda. Unlike torch's guess (nvcc's parent folder), an nvcc
+    that is a wrapper script elsewhere on PATH does not make a folder without CUDA's headers the toolkit."""
+    for variable in ("CUDA_HOME", "CUDA_PATH"):
+        if environ.get(variable):
+            return environ[variable]
+    on_path = shutil.which("nvcc", path=environ.get("PATH"))
+    candidates = [os.path.dirname(os.path.dirname(os.path.realpath(on_path)))] if on_path else []
+    return next((root for root in candidates + ["/usr/local/cuda"] if is_cuda_toolkit(root)), None)
+
+
 def find_nvcc(environ: Mapping[str, str] = os.environ) -> Optional[str]:
-    """nvcc as torch's builder finds it: $CUDA_HOME/bin first, then PATH."""
-    for home in (environ.get("CUDA_HOME"), environ.get("CUDA_PATH")):
-        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
-            return os.path.join(home, "bin", "nvcc")
-    return shutil.which("nvcc") or (
-        "/usr/local/cuda/bin/nvcc" if os.path.isfile("/usr/local/cuda/bin/nvcc") else None)
+    """The toolkit's nvcc, else whichever nvcc is on PATH (its version is still worth reporting)."""
+    home = find_cuda_home(environ)
+    if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+        return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc", path=environ.get("PATH"))
 
 
 def probe_toolchain(torch_version: Optional[str], torch_cuda: Optional[str],
@@ -149,8 +167,9 @@ def probe_toolchain(torch_version: Optional[str], torch_cuda: Optional[str],
     cxx = shutil.which(environ.get("CXX") or "c++")
     headers = os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
     nvcc = find_nvcc(environ) if torch_cuda else None
+    home = find_cuda_home(environ) if torch_cuda else None
     return Toolchain(torch_version, torch_cuda, cxx, headers, shutil.which("ninja") is not None,
-                     nvcc, nvcc_release(nvcc) if nvcc else None)
+                     nvcc, nvcc_release(nvcc) if nvcc else None, home if home and is_cuda_toolkit(home) else None)
 
 
 def cpu_obstacle(tools: Toolchain, jit: bool = False) -> str:
@@ -178,6 +197,9 @@ def cuda_obstacle(tools: Toolchain) -> str:
         return "no CUDA toolkit found (put nvcc on PATH or set CUDA_HOME)"
     if tools.nvcc_version is None:
         return f"{tools.nvcc} does not report its version"
+    if tools.cuda_home is None:
+        return (f"no CUDA headers found for {tools.nvcc} (include/cuda_runtime_api.h): set CUDA_HOME to the "
+                "CUDA toolkit's folder")
     if tools.nvcc_version.split(".")[0] != tools.torch_cuda.split(".")[0]:
         major = tools.torch_cuda.split(".")[0]
         return (f"nvcc {tools.nvcc_version} ({tools.nvcc}) does not match the CUDA {tools.torch_cuda} torch was "
@@ -237,8 +259,14 @@ def abi_tag() -> str:
     return sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag
 
 
+def cuda_include_dirs(cuda_home: Optional[str]) -> List[str]:
+    """The toolkit's headers first, then pip's CUDA wheels' (nvidia/cu*/include: cuBLAS, cuSPARSE... which
+    CUDA builds of torch include and a bare toolkit may lack), so the toolkit's own win where both have one."""
+    return ([os.path.join(cuda_home, "include")] if cuda_home else []) + pip_cuda_includes()
+
+
 def pip_cuda_includes() -> List[str]:
-    """Headers of pip's CUDA wheels (nvidia/cu*/include), which CUDA builds of torch include; bare nvcc lacks them."""
+    """Headers of pip's CUDA wheels (nvidia/cu*/include)."""
     import glob
     import importlib.util
 

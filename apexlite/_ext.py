@@ -67,7 +67,8 @@ def _build(found: Finding, kind: str) -> Tuple[bool, str]:
              f"{plan.estimate_minutes(kind, jobs)} min with {jobs} parallel jobs; cached in {found.library.folder})...")
     started = time.monotonic()
     try:
-        seconds = _jit_build.build(found.library, sources, plan.include_dirs(csrc), cuda=kind == "cuda")
+        seconds = _jit_build.build(found.library, sources, plan.include_dirs(csrc),
+                                   state.toolchain().cuda_home if kind == "cuda" else None)
     except _jit_build.BuildFailed as error:
         _say(30, f"compiling apexlite's {title} for torch {torch.__version__} failed after "
                  f"{time.monotonic() - started:.0f} s: {error}. {FALLBACK}. Log: {found.library.log}; after fixing "
@@ -185,6 +186,8 @@ def build_now(kind: str) -> ExtensionStatus:
         built, detail = _build(found, kind)
         if not built:
             return ExtensionStatus("unavailable", detail, said=True)
-    _cpu_library.cache_clear()
+    if kind == "cpu":
+        _cpu_library.cache_clear()
+        return status()
     cuda_status.cache_clear()
-    return status() if kind == "cpu" else cuda_status()
+    return cuda_status()

@@ -26,10 +26,22 @@ TITLES = {"cpu": "CPU kernels and O1 casts", "cuda": "CUDA kernel"}
 
 
 def cache_root() -> Path:
-    """Where first-use builds go: $TORCH_EXTENSIONS_DIR/apexlite, else torch's default extensions folder."""
-    from torch.utils import cpp_extension
+    """Where first-use builds go: $TORCH_EXTENSIONS_DIR/apexlite, else torch's default extensions folder.
 
-    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()) / "apexlite"
+    Found as torch.utils.cpp_extension finds it, without importing that module (on some torch versions
+    its import prints a note about the CUDA runtime, which doctor has no reason to cause)."""
+    explicit = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if explicit:
+        return Path(explicit) / "apexlite"
+    try:
+        from torch import _appdirs
+
+        default = os.path.realpath(_appdirs.user_cache_dir(appname="torch_extensions"))
+    except (ImportError, AttributeError):  # a torch without its vendored appdirs
+        from torch.utils import cpp_extension
+
+        default = cpp_extension.get_default_build_root()
+    return Path(default) / "apexlite"
 
 
 def cuda_arch_list() -> str:
@@ -97,13 +109,19 @@ class BuildFailed(RuntimeError):
     """A first-use build that did not produce its library; the message is one line with the first error."""
 
 
-def build(library: CachedLibrary, sources: List[Path], include_dirs: List[Path], cuda: bool) -> float:
+def build(library: CachedLibrary, sources: List[Path], include_dirs: List[Path], cuda_home: Optional[str]) -> float:
     """Compiles `sources` into `library` with torch's builder (ninja); returns the seconds it took.
+    `cuda_home`: the CUDA toolkit, for the CUDA kernel (None for the CPU library).
 
     Raises BuildFailed (recorded in the folder, with the compiler's output in build.log) on any failure.
     """
+    cuda = cuda_home is not None
+    if cuda:  # without CUDA_HOME torch takes nvcc's parent folder for the toolkit; give it the real one
+        os.environ.setdefault("CUDA_HOME", cuda_home)
     from torch.utils import cpp_extension
 
+    if cuda:
+        cpp_extension.CUDA_HOME = cuda_home  # (in case torch's builder was imported before)
     library.folder.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MAX_JOBS", str(plan.parallel_jobs()))
     started = time.monotonic()
@@ -111,7 +129,7 @@ def build(library: CachedLibrary, sources: List[Path], include_dirs: List[Path],
         cpp_extension.load(
             name=library.name,
             sources=[str(path) for path in sources],
-            extra_include_paths=[str(path) for path in include_dirs] + (plan.pip_cuda_includes() if cuda else []),
+            extra_include_paths=[str(path) for path in include_dirs] + (plan.cuda_include_dirs(cuda_home) if cuda else []),
             extra_cflags=list(plan.CXX_FLAGS),
             extra_cuda_cflags=list(plan.NVCC_FLAGS) if cuda else None,
             extra_ldflags=list(plan.LINK_FLAGS),

@@ -106,8 +106,15 @@ def kernel_text(found: state.Finding, library: str) -> str:
     return f"{STATE_WORDS[found.state]}: {found.detail}"
 
 
+def _torch_has_fused_adam(device_type: str) -> bool:
+    """_torch_fused.available runs the op, which needs the device; CUDA's ops exist wherever the names do."""
+    if device_type == "cuda" and not torch.cuda.is_available():
+        return all(hasattr(torch, name) for name in _torch_fused.OP_NAMES)
+    return _torch_fused.available(device_type)
+
+
 def _fallback(device_type: str) -> str:
-    if _torch_fused.available(device_type):
+    if _torch_has_fused_adam(device_type):
         return "torch's fused Adam ops"
     return f"the pure-torch reference, slow (torch {torch.__version__} has no fused Adam for {device_type})"
 

@@ -19,9 +19,9 @@ def tools(**facts) -> plan.Toolchain:
 
 
 CUDA_121_NVCC_130 = dict(torch_version="2.5.1+cu124", torch_cuda="12.4", nvcc="/usr/local/bin/nvcc",
-                         nvcc_version="13.0")
+                         nvcc_version="13.0", cuda_home="/usr/local/cuda")
 CUDA_130_NVCC_130 = dict(torch_version="2.14.1+cu130", torch_cuda="13.0", nvcc="/usr/local/bin/nvcc",
-                         nvcc_version="13.0")
+                         nvcc_version="13.0", cuda_home="/usr/local/cuda")
 
 # (case id, machine facts, environment) -> (CPU built?, CUDA built?, words in the CPU / CUDA reason)
 PLANS = [
@@ -36,8 +36,10 @@ PLANS = [
      "nvcc 13.0 (/usr/local/bin/nvcc) does not match the CUDA 12.4"),
     ("cuda-minor-mismatch", dict(CUDA_130_NVCC_130, torch_cuda="13.1"), {"APEXLITE_CUDA": "1"}, True, True, "", ""),
     ("cuda-match", CUDA_130_NVCC_130, {"APEXLITE_CUDA": "yes"}, True, True, "", ""),
-    ("no-nvcc", dict(CUDA_130_NVCC_130, nvcc=None, nvcc_version=None), {"APEXLITE_CUDA": "1"}, True, False, "",
-     "no CUDA toolkit found"),
+    ("no-nvcc", dict(CUDA_130_NVCC_130, nvcc=None, nvcc_version=None, cuda_home=None), {"APEXLITE_CUDA": "1"}, True,
+     False, "", "no CUDA toolkit found"),
+    ("nvcc-without-headers", dict(CUDA_130_NVCC_130, cuda_home=None), {"APEXLITE_CUDA": "1"}, True, False, "",
+     "no CUDA headers found for /usr/local/bin/nvcc"),
     ("cuda-without-compiler", dict(CUDA_130_NVCC_130, cxx=None), {"APEXLITE_CUDA": "1"}, False, False,
      "no C++ compiler", "no C++ compiler"),
 ]
@@ -107,3 +109,27 @@ def test_parallel_jobs_and_estimate():
     busy = plan.estimate_minutes("cpu", jobs=2, cores=2, load=10.0)
     assert idle == round(plan.CPU_SECONDS["cpu"] / 2 / 60) and busy == round(plan.CPU_SECONDS["cpu"] / (4 / 12) / 60)
     assert plan.estimate_minutes("cpu", jobs=1, cores=64, load=0.0) == round(plan.CPU_SECONDS["cpu"] / 60)
+
+
+def _toolkit(root: Path) -> Path:
+    (root / "bin").mkdir(parents=True)
+    (root / "include").mkdir()
+    (root / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (root / "include" / "cuda_runtime_api.h").write_text("")
+    return root
+
+
+def test_cuda_home_is_the_toolkit_behind_a_wrapper_nvcc(tmp_path, monkeypatch):
+    wrapper = tmp_path / "wrappers" / "bin"
+    wrapper.mkdir(parents=True)
+    (wrapper / "nvcc").write_text("#!/bin/sh\nexec /opt/cuda/bin/nvcc \"$@\"\n")
+    (wrapper / "nvcc").chmod(0o755)
+    assert plan.find_cuda_home({"PATH": str(wrapper)}) in (None, "/usr/local/cuda")  # not the wrapper's folder
+    toolkit = _toolkit(tmp_path / "cuda-13.0")
+    link = tmp_path / "links" / "bin"
+    link.mkdir(parents=True)
+    (toolkit / "bin" / "nvcc").chmod(0o755)
+    (link / "nvcc").symlink_to(toolkit / "bin" / "nvcc")
+    assert plan.find_cuda_home({"PATH": str(link)}) == str(toolkit)  # a link is followed to its toolkit
+    assert plan.find_cuda_home({"PATH": str(link), "CUDA_HOME": "/mine"}) == "/mine"  # the user's word wins
+    assert plan.cuda_include_dirs(str(toolkit))[0] == str(toolkit / "include")

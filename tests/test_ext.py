@@ -37,8 +37,8 @@ class FakeCompiler:
         self.error = error
         self.builds = []
 
-    def __call__(self, library, sources, include_dirs, cuda):
-        self.builds.append((library.kind, [s.name for s in sources], cuda))
+    def __call__(self, library, sources, include_dirs, cuda_home):
+        self.builds.append((library.kind, [s.name for s in sources], cuda_home))
         library.folder.mkdir(parents=True, exist_ok=True)
         if self.error:
             library._write_outcome(state="failed", detail=self.error, seconds=3, log=str(library.log))
@@ -75,7 +75,7 @@ def test_first_use_compiles_once_and_says_so_before_and_after(machine, caplog):
         found = _ext.status()
         assert _ext.status() is found
     assert found.source == "jit" and found.cpu and _ext.native_module().CastWrapper is object
-    assert machine.builds == [("cpu", [p.name for p in plan.cpu_sources(state.kernel_sources())], False)]
+    assert machine.builds == [("cpu", [p.name for p in plan.cpu_sources(state.kernel_sources())], None)]
     (level1, before), (level2, after) = _messages(caplog)
     assert before.startswith(f"apexlite: compiling apexlite's {CPU_TITLE} for torch {torch.__version__} (first use, "
                              "about ") and " min with " in before
@@ -215,7 +215,7 @@ def gpu_machine(machine, monkeypatch):
 
 def test_cuda_kernel_is_compiled_once_on_first_gpu_use(gpu_machine):
     assert _ext.kernels_available("cuda") and _ext.kernels_available("cuda")
-    assert gpu_machine.builds == [("cuda", ["fused_adam_cuda.cpp", "fused_adam.cu"], True)]
+    assert gpu_machine.builds == [("cuda", ["fused_adam_cuda.cpp", "fused_adam.cu"], "/usr/local/cuda")]
     found = _ext.cuda_status()
     assert found.source == "jit" and "cached in" in found.detail and found.detail.endswith("-nvcc13.0-sm9.0")
 

@@ -54,7 +54,7 @@ def test_a_real_compile_error_is_recorded_with_its_first_error(cache):
     source.write_text("int f() { return undeclared_name; }\n")
     library = _jit_build.CachedLibrary("cpu", cache / "broken")
     with pytest.raises(_jit_build.BuildFailed, match=r"broken\.cpp:1:\d+: error: .undeclared_name. was not declared"):
-        _jit_build.build(library, [source], [], cuda=False)
+        _jit_build.build(library, [source], [], cuda_home=None)
     outcome = library.outcome()
     assert outcome["state"] == "failed" and "undeclared_name" in outcome["detail"]
     assert "undeclared_name" in library.log.read_text()

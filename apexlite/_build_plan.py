@@ -43,7 +43,7 @@ DOCTOR_BUILD = "python -m apexlite doctor --build"
 
 # Compiler CPU time of each library, measured on the 2-vCPU reference machine with CXX_FLAGS
 # (BENCHMARKS.md, "Building the kernels"); divided by the parallel jobs for the "about N minutes" notice.
-CPU_SECONDS = {"cpu": 110.0, "cuda": 30.0}
+CPU_SECONDS = {"cpu": 90.0, "cuda": 30.0}
 
 
 def truthy(value: Optional[str]) -> bool:

@@ -85,6 +85,7 @@ def _kernel_build_class(torch, cpp_extension, tools, install):
         def run(self):
             # setuptools' run() clears `inplace` while it builds and does not restore it when the build raises
             self.into_source = self.inplace or getattr(self, "editable_mode", False)
+            self.compiler_option = self.compiler  # run() replaces the option by the compiler object it makes
             jobs = plan.parallel_jobs()
             os.environ.setdefault("MAX_JOBS", str(jobs))
             cpu, cuda = self._compile(jobs, with_cuda=install.cuda.build)
@@ -98,7 +99,7 @@ def _kernel_build_class(torch, cpp_extension, tools, install):
 
         def _compile(self, jobs, with_cuda):
             """(cpu, cuda) record entries after compiling, retrying without CUDA when the CUDA part fails."""
-            self.inplace = self.into_source  # (a failed first attempt left it cleared)
+            self.inplace, self.compiler = self.into_source, self.compiler_option  # as before a failed attempt
             what = "CPU kernel, O1 casts" + (" and CUDA kernel" if with_cuda else "")
             if not with_cuda:  # in place: setuptools has already prepared this Extension object
                 self.extensions[0].sources = _relative(plan.cpu_sources(CSRC))
@@ -125,8 +126,7 @@ def _kernel_build_class(torch, cpp_extension, tools, install):
                 self._remove_stale_inplace_library()
                 say("FusedAdam and O1 use torch's ops; `python -m apexlite doctor` shows this again "
                     "(`pip install -v` shows the compiler's output).")
-                failed = {"state": "failed", "detail": reason}
-                return failed, ({"state": "not built", "detail": install.cuda.why_not} if not with_cuda else failed)
+                return {"state": "failed", "detail": reason}, {"state": "not built", "detail": install.cuda.why_not}
             say(f"compiled apexlite._C ({what}) in {time.monotonic() - started:.0f} s")
             built = {"state": "built", "detail": ""}
             return built, (built if with_cuda else {"state": "not built", "detail": install.cuda.why_not})

@@ -72,7 +72,12 @@ class BuildPyWithKernelSources(build_py):
             shutil.copytree(CSRC, target, ignore=shutil.ignore_patterns("__pycache__", "*.o", "*.so"))
         if SKIPPED is not None:
             torch_version, reason = SKIPPED
-            say(f"no kernels compiled at install: {reason}. CPU library: {plan.first_use_note('cpu', plan.parallel_jobs())}.")
+            if torch_version is None:  # nothing on this machine is missing: they can be compiled on first use
+                later = f"CPU library: {plan.first_use_note('cpu', plan.parallel_jobs())}"
+            else:  # the machine lacks something that a first use needs too
+                later = ("FusedAdam and O1 use torch's ops until that is fixed; then they are compiled on first use "
+                         f"(or with `{plan.DOCTOR_BUILD}`)")
+            say(f"no kernels compiled at install: {reason}. {later}.")
             state = {"state": "not built", "detail": reason}
             write_record(package_dir, torch_version, state, state)
 

@@ -96,3 +96,20 @@ def test_require_extension_turns_the_failure_into_an_install_error(editable_inst
     _, run = editable_install
     done = run("-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", ".", APEXLITE_REQUIRE_EXTENSION="1")
     assert done.returncode != 0 and "simulated compile error" in done.stdout + done.stderr
+
+
+def test_without_a_compiler_nothing_is_tried_and_it_is_said_once(tmp_path):
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ROOT, checkout, ignore=NOT_SHIPPED)
+    env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), PYTHONWARNINGS=QUIET_TORCH)
+    env.pop("APEXLITE_REQUIRE_EXTENSION", None)
+    done = subprocess.run([sys.executable, "setup.py", "build_py", "--build-lib", str(tmp_path / "lib"), "build_ext"],
+                          cwd=checkout, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _apexlite_lines(done.stdout + done.stderr) == [
+        "apexlite: no kernels compiled at install: no C++ compiler found (install g++ or set CXX). FusedAdam and O1 "
+        "use torch's ops until that is fixed; then they are compiled on first use (or with `python -m apexlite "
+        "doctor --build`)."]
+    record = json.loads((tmp_path / "lib" / "apexlite" / "_build_record.json").read_text())
+    assert record["cpu"] == {"state": "not built", "detail": "no C++ compiler found (install g++ or set CXX)"}
+    assert (tmp_path / "lib" / "apexlite" / "_csrc" / "torch" / "ops.cpp").is_file()

@@ -5,7 +5,7 @@ Standard library only: setup.py loads this file by path, before apexlite (or eve
 Facts about the machine are gathered once into a :class:`Toolchain`; every decision is a pure function
 of those facts and the environment, so tests drive them with fakes.
 
-Two compiled libraries (NOTE [kernel libraries]):
+Two compiled libraries:
 
 * the CPU library: every csrc/torch/*.cpp except the CUDA bindings; FusedAdam's CPU kernel, the op
   schema and O1's native casts. Installed as ``apexlite._C`` or JIT-built on first use.

@@ -2,19 +2,21 @@
 `import apex` goes; all without compiling (`--build` compiles) and without importing apex."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from apexlite import _ext, _jit_build
-from apexlite import _kernel_state as state, cli, doctor
+from apexlite import _ext, _jit_build, cli, doctor
+from apexlite import _kernel_state as state
 from apexlite.compat import hook
 from apexlite.optimizers import _torch_fused
 
 FALLBACK = "torch's fused Adam ops" if _torch_fused.available("cpu") else "the pure-torch reference, slow"
-LIBRARY = _jit_build.CachedLibrary("cpu", _jit_build.Path("/cache/cpu-x"))
+LIBRARY = _jit_build.CachedLibrary("cpu", Path("/cache/cpu-x"))
 
 # CPU library finding -> (CPU kernel row starts with, FusedAdam on CPU row starts with, O1 casts row starts with)
 CPU_ROWS = {
@@ -144,7 +146,7 @@ def test_version_names_apexlite_torch_and_the_toolchain(capsys):
 
 
 def test_doctor_runs_as_a_command_without_compiling(tmp_path):
-    env = dict(__import__("os").environ, TORCH_EXTENSIONS_DIR=str(tmp_path))
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path))
     done = subprocess.run([sys.executable, "-m", "apexlite", "doctor"], capture_output=True, text=True, env=env,
                           check=True)
     assert "CPU kernel" in done.stdout and "import apex" in done.stdout

@@ -1,163 +1,138 @@
-"""Finds apexlite's native kernels once per process and says where each device's kernel comes from.
+"""Finds apexlite's compiled kernels once per process, compiling them on first use when the install has none.
 
-CPU kernel, in order of preference:
+CPU library (FusedAdam's CPU kernel, the op schema, O1's native casts), the first of:
 
-1. ``apexlite._C``, built by ``pip install --no-build-isolation -e .`` when torch was importable;
-2. a JIT build of ``csrc/`` on first use, cached by torch in ``$TORCH_EXTENSIONS_DIR`` (default
-   ``~/.cache/torch_extensions``), so later runs load it at once.
+1. ``apexlite._C``, compiled at install against this torch (setup.py);
+2. a first-use build cached for this torch, interpreter and source (apexlite/_jit_build.py), loaded at once;
+3. a first-use build now, when the sources are here and this machine can compile them: one line on
+   stderr before ("compiling apexlite's ... (first use, about N min ...)...") and one after, with the time.
 
-CUDA kernel: ``apexlite._C`` when it was built with CUDA; otherwise, on the first FusedAdam step on a
-GPU, a JIT build of ``csrc/cuda`` when torch has CUDA and a CUDA toolkit is found (nvcc, CUDA_HOME),
-cached the same way. Without a kernel FusedAdam uses torch's fused Adam ops, or the pure-torch
-reference where torch has none (:mod:`apexlite.optimizers._adam_step`).
+A build that failed for this torch and source (at install, or at an earlier first use) is not repeated
+by itself: it is said once per process, with the compiler's first error, and ``python -m apexlite
+doctor --build`` retries it. CUDA kernel: ``apexlite._C`` when the install built it with CUDA
+(``APEXLITE_CUDA=1``), else the same steps on the first FusedAdam step on a GPU, when torch has CUDA
+and a toolkit of torch's CUDA major version is found. Without a kernel, FusedAdam uses torch's fused
+Adam ops (the pure-torch reference where torch has none) and O1 its Python casts.
 
-``APEXLITE_DISABLE_EXTENSION=1`` skips all of it. Nothing is loaded at import time: the first
-FusedAdam step, ``python -m apexlite doctor`` or :func:`status` triggers the search.
+``APEXLITE_DISABLE_EXTENSION=1`` skips all of it. Nothing happens at import; what exists is found by
+apexlite/_kernel_state.py, which never compiles (doctor's view).
 """
 from __future__ import annotations
 
 import functools
-import glob
+import importlib.machinery
 import importlib.util
 import os
+import time
+import types
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import Optional, Tuple
 
 import torch
 
-from apexlite._logging import get_logger
+from apexlite import _build_plan as plan
+from apexlite import _jit_build
+from apexlite import _kernel_state as state
+from apexlite._kernel_state import ExtensionStatus, Finding
+from apexlite._logging import get_logger, is_rank_zero
 
-DISABLE_ENV = "APEXLITE_DISABLE_EXTENSION"
-OP_NAME = "apexlite::fused_adam_"
-CSRC = Path(__file__).resolve().parent.parent / "csrc"
-JIT_FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp")  # as setup.py
-JIT_NVCC_FLAGS = ("-O3", "--fmad=false")  # as setup.py
-BUILD_HINT = (
-    "build the kernels with `pip install --no-build-isolation -e .` from an apexlite checkout "
-    "(needs a C++ compiler; the CUDA kernel also needs a CUDA build of torch and nvcc/CUDA_HOME), "
-    "then check `python -m apexlite doctor`"
-)
+DISABLE_ENV = plan.DISABLE_ENV
+BUILD_HINT = f"`python -m apexlite doctor` says what is missing; `{plan.DOCTOR_BUILD}` compiles the kernels"
+FALLBACK = "FusedAdam and O1 use torch's ops instead"
 
 _log = get_logger("ext")
 
 
-@dataclass(frozen=True)
-class ExtensionStatus:
-    """Where a kernel came from (``installed``, ``jit``, ``disabled`` or ``unavailable``) and why."""
-
-    source: str
-    detail: str
-    cuda: bool = False  # for status(): whether the same library also registered the CUDA kernel
-
-    @property
-    def cpu(self) -> bool:
-        return self.source in ("installed", "jit")
+def _load_python_module(path: Path) -> types.ModuleType:
+    """A first-use CPU library as a module (its PyInit__C adds the O1 cast types; loading registers the ops)."""
+    loader = importlib.machinery.ExtensionFileLoader("apexlite._C", str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location("apexlite._C", path,
+                                                                                     loader=loader))
+    loader.exec_module(module)
+    return module
 
 
-def cpu_sources() -> List[Path]:
-    """csrc/torch/*.cpp except the CUDA bindings (*_cuda.cpp): the CPU library (setup.py's rule too)."""
-    return sorted(p for p in (CSRC / "torch").glob("*.cpp") if not p.name.endswith("_cuda.cpp"))
+def _say(level: int, message: str) -> None:
+    _log.log(level if is_rank_zero() else 10, "apexlite: %s", message)
 
 
-def cuda_sources() -> List[Path]:
-    """The CUDA bindings (csrc/torch/*_cuda.cpp) and kernels (csrc/cuda/*.cu)."""
-    return sorted((CSRC / "torch").glob("*_cuda.cpp")) + sorted((CSRC / "cuda").glob("*.cu"))
-
-
-def _has_kernel(dispatch_key: str) -> bool:
+def _build(found: Finding, kind: str) -> Tuple[bool, str]:
+    """Compiles `found`'s library with one line before and one after; (built, detail)."""
+    csrc = state.kernel_sources()
+    sources = plan.cpu_sources(csrc) if kind == "cpu" else plan.cuda_sources(csrc)
+    title = _jit_build.TITLES[kind]
+    jobs = plan.parallel_jobs()
+    _say(20, f"compiling apexlite's {title} for torch {torch.__version__} (first use, about "
+             f"{plan.estimate_minutes(kind, jobs)} min with {jobs} parallel jobs; cached in {found.library.folder})...")
+    started = time.monotonic()
     try:
-        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(OP_NAME, dispatch_key))
-    except RuntimeError:  # the op itself is not registered
-        return False
-
-
-def _pip_cuda_includes() -> List[str]:
-    """Headers of pip's CUDA wheels (nvidia/cu*/include), which CUDA builds of torch include (as setup.py)."""
-    spec = importlib.util.find_spec("nvidia")
-    roots = list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []
-    return sorted(path for root in roots for path in glob.glob(os.path.join(root, "cu*", "include")))
-
-
-def _jit_build(name: str, sources: List[Path], cuda: bool) -> str:
-    """Compiles ``sources`` with torch's JIT extension builder (cached); returns the cache folder."""
-    from torch.utils import cpp_extension
-
-    missing = [str(s) for s in sources if not s.is_file()]
-    if missing or not sources:
-        raise FileNotFoundError(f"kernel sources are not part of this install: {missing or 'csrc/'}")
-    _log.info("apexlite: compiling the FusedAdam %s kernel from csrc/ on first use (a minute or more; cached "
-              "afterwards)", "CUDA" if cuda else "CPU")
-    includes = [str(CSRC / "include"), str(CSRC / "torch"), str(CSRC / "cuda")]
-    cpp_extension.load(
-        name=name,
-        sources=[str(s) for s in sources],
-        extra_include_paths=includes + (_pip_cuda_includes() if cuda else []),
-        extra_cflags=list(JIT_FLAGS),
-        extra_cuda_cflags=list(JIT_NVCC_FLAGS) if cuda else None,
-        extra_ldflags=["-fopenmp"],
-        is_python_module=False,
-        verbose=False,
-    )
-    return cpp_extension._get_build_directory(name, verbose=False)
+        seconds = _jit_build.build(found.library, sources, plan.include_dirs(csrc),
+                                   state.toolchain().cuda_home if kind == "cuda" else None)
+    except _jit_build.BuildFailed as error:
+        _say(30, f"compiling apexlite's {title} for torch {torch.__version__} failed after "
+                 f"{time.monotonic() - started:.0f} s: {error}. {FALLBACK}. Log: {found.library.log}; after fixing "
+                 f"the cause, `{plan.DOCTOR_BUILD}` retries.")
+        return False, f"compiling them failed: {error} (log: {found.library.log})"
+    _say(20, f"compiled apexlite's {title} in {seconds:.0f} s; later runs load them at once")
+    return True, f"compiled on first use, cached in {found.library.folder}"
 
 
 @functools.lru_cache(maxsize=None)
+def _cpu_library() -> Tuple[ExtensionStatus, Optional[types.ModuleType]]:
+    found = state.find_cpu()
+    if found.state == "disabled":
+        return ExtensionStatus("disabled", found.detail), None
+    if found.state == "installed":
+        return ExtensionStatus("installed", found.detail, state.has_kernel("CUDA")), state.installed_module()[0]
+    if found.state == "buildable":
+        built, detail = _build(found, "cpu")
+        if not built:
+            return ExtensionStatus("unavailable", detail, said=True), None
+        found = Finding("cached", detail, found.library)
+    if found.state == "cached":
+        return ExtensionStatus("jit", found.detail, state.has_kernel("CUDA")), _load_python_module(found.library.path)
+    if found.state == "failed":
+        _say(30, f"apexlite's {_jit_build.TITLES['cpu']} are not available: {found.detail}. {FALLBACK}.")
+        return ExtensionStatus("unavailable", found.detail, said=True), None
+    return ExtensionStatus("unavailable", found.detail), None
+
+
 def status() -> ExtensionStatus:
-    """Loads the CPU kernel (and the op schema) on the first call and reports the outcome; later calls are free."""
-    if os.environ.get(DISABLE_ENV, "") == "1":
-        return ExtensionStatus("disabled", f"{DISABLE_ENV}=1 is set")
-    try:
-        import apexlite._C as compiled
-    except ImportError as error:
-        installed_error = f"apexlite._C not importable ({error})"
-    else:
-        if _has_kernel("CPU"):
-            return ExtensionStatus("installed", str(compiled.__file__), _has_kernel("CUDA"))
-        installed_error = f"{compiled.__file__} registers no CPU kernel"
-    try:
-        folder = _jit_build("apexlite_cpu_kernels", cpu_sources(), cuda=False)
-    except Exception as error:  # no compiler, no sources, failed compile: all end in the fallback
-        return ExtensionStatus("unavailable", f"{installed_error}; JIT build failed: {error}")
-    return ExtensionStatus("jit", f"JIT-built CPU kernel in {folder}", _has_kernel("CUDA"))
+    """Loads the CPU library on the first call (compiling it first if needed and possible); later calls are free."""
+    return _cpu_library()[0]
 
 
-def _cuda_jit_obstacle(found: ExtensionStatus) -> str:
-    """Why the CUDA kernel cannot be JIT-built here ('' when it can)."""
-    if not found.cpu:
-        return f"no apexlite library is loaded to extend ({found.detail})"
-    if not torch.version.cuda:
-        return "this torch is a CPU-only build"
-    if not torch.cuda.is_available():
-        return "no CUDA device is visible"
-    from torch.utils import cpp_extension
-
-    if cpp_extension.CUDA_HOME is None:
-        return "no CUDA toolkit found for a JIT build (put nvcc on PATH or set CUDA_HOME)"
-    return ""
+def native_module() -> Optional[types.ModuleType]:
+    """The loaded CPU library as a module (its O1 cast types), or None; see status()."""
+    return _cpu_library()[1]
 
 
 @functools.lru_cache(maxsize=None)
 def cuda_status() -> ExtensionStatus:
-    """Where the CUDA kernel comes from, JIT-building it on the first call when it can; later calls are free."""
-    found = status()
-    if found.source == "disabled":
-        return found
-    if found.cuda:
-        return ExtensionStatus(found.source, f"{found.detail} (built with CUDA)", True)
-    obstacle = _cuda_jit_obstacle(found)
-    built_without = "apexlite._C was built without CUDA" if found.source == "installed" else found.detail
-    if obstacle:
-        return ExtensionStatus("unavailable", f"{built_without}; {obstacle}")
-    try:
-        folder = _jit_build("apexlite_cuda_kernels", cuda_sources(), cuda=True)
-    except Exception as error:  # compiler or toolkit trouble: torch's fused ops remain
-        return ExtensionStatus("unavailable", f"{built_without}; JIT build of the CUDA kernel failed: {error}")
-    if not _has_kernel("CUDA"):
-        return ExtensionStatus("unavailable", f"{built_without}; the JIT-built library in {folder} registers no "
-                                              "CUDA kernel")
-    return ExtensionStatus("jit", f"JIT-built CUDA kernel in {folder}", True)
+    """Where the CUDA kernel comes from, compiling it on the first call on a GPU when it can; later calls are free."""
+    found = state.find_cuda(status())
+    if found.state == "disabled":
+        return ExtensionStatus("disabled", found.detail)
+    if found.state == "installed":
+        return ExtensionStatus(status().source, found.detail, True)
+    if found.state in ("cached", "buildable") and not torch.cuda.is_available():
+        return ExtensionStatus("unavailable", "no CUDA device is visible")
+    if found.state == "buildable":
+        built, detail = _build(found, "cuda")
+        if not built:
+            return ExtensionStatus("unavailable", detail, said=True)
+        found = Finding("cached", detail, found.library)
+    if found.state == "cached":
+        torch.ops.load_library(str(found.library.path))
+        if not state.has_kernel("CUDA"):
+            return ExtensionStatus("unavailable", f"{found.library.path} registers no CUDA kernel")
+        return ExtensionStatus("jit", found.detail, True)
+    if found.state == "failed":
+        _say(30, f"apexlite's {_jit_build.TITLES['cuda']} is not available: {found.detail}. FusedAdam on GPU uses "
+                 "torch's fused Adam ops.")
+        return ExtensionStatus("unavailable", found.detail, said=True)
+    return ExtensionStatus("unavailable", found.detail)
 
 
 def kernels_available(device_type: str) -> bool:
@@ -167,13 +142,18 @@ def kernels_available(device_type: str) -> bool:
     return device_type == "cuda" and cuda_status().cuda
 
 
+def kernel_status(device_type: str) -> ExtensionStatus:
+    """The status that decides ``device_type``'s kernel."""
+    if device_type == "cuda":
+        return cuda_status()
+    if device_type == "cpu":
+        return status()
+    return ExtensionStatus("unavailable", f"apexlite has no kernels for {device_type}")
+
+
 def kernel_detail(device_type: str) -> str:
     """Where the kernel for ``device_type`` came from, or why there is none."""
-    if device_type == "cpu":
-        return status().detail
-    if device_type == "cuda":
-        return cuda_status().detail
-    return f"apexlite has no kernels for {device_type}"
+    return kernel_status(device_type).detail
 
 
 @functools.lru_cache(maxsize=None)
@@ -183,7 +163,31 @@ def warn_fallback(device_type: str) -> None:
         return
     warnings.warn(
         f"apexlite: no compiled FusedAdam kernel for {device_type} ({kernel_detail(device_type)}) and no fused "
-        f"Adam in torch {torch.__version__} for it; using the slower pure-torch reference. To fix: {BUILD_HINT}.",
+        f"Adam in torch {torch.__version__} for it; using the slower pure-torch reference. {BUILD_HINT}.",
         RuntimeWarning,
         stacklevel=3,
     )
+
+
+def build_now(kind: str) -> ExtensionStatus:
+    """Doctor's --build: compiles `kind`'s library ("cpu" or "cuda") now when it is not there, retrying a
+    build that failed before; returns the new status."""
+    def find() -> Finding:
+        return state.find_cpu(retry=True) if kind == "cpu" else state.find_cuda(status(), retry=True)
+
+    found = find()
+    if found.state == "failed":  # an earlier first-use build
+        found.library.forget_failure()
+        found = find()
+    if found.state == "buildable":
+        if kind == "cuda" and not torch.cuda.is_available() and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+            return ExtensionStatus("unavailable", "no CUDA device is visible to compile for (set "
+                                                  "TORCH_CUDA_ARCH_LIST, e.g. 9.0, to compile without one)")
+        built, detail = _build(found, kind)
+        if not built:
+            return ExtensionStatus("unavailable", detail, said=True)
+    if kind == "cpu":
+        _cpu_library.cache_clear()
+        return status()
+    cuda_status.cache_clear()
+    return cuda_status()

@@ -10,7 +10,7 @@ COMMANDS = {
     "run": ("apexlite.runner", "run a legacy apex script unchanged (apex imports resolve to apexlite)"),
     "sweep": ("apexlite.sweep", "run a script once per opt level / dtype and compare the runs"),
     "check": ("apexlite.check", "list the apex APIs a script uses and their status in apexlite"),
-    "doctor": ("apexlite.doctor", "report torch/CUDA versions and which FusedAdam path is active"),
+    "doctor": ("apexlite.doctor", "what is compiled, what runs, and why (`doctor --build` compiles the kernels)"),
     "alias": ("apexlite.compat.alias", "install|uninstall|status: make this environment's `apex` apexlite"),
     "migrate": ("apexlite.migrate.cli",
                 "rewrite a legacy apex.amp script into native torch.amp (needs apexlite[migrate])"),
@@ -21,7 +21,7 @@ WAYS_IN = ("`import apex` resolves to apexlite: for one script with `run`, for t
 
 
 def _usage() -> str:
-    lines = ["usage: python -m apexlite COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: python -m apexlite COMMAND [ARGS...] | --version", "", "commands:"]
     lines += [f"  {name:8} {help_}" for name, (_, help_) in COMMANDS.items()]
     return "\n".join(lines + ["", WAYS_IN])
 
@@ -32,6 +32,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(_usage() + "\n")
         return 0 if argv else 2
+    if argv[0] == "--version":
+        from apexlite.doctor import version_text
+
+        sys.stdout.write(version_text())
+        return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         sys.stderr.write(f"apexlite: unknown command {command!r}\n{_usage()}\n")

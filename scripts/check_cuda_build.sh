@@ -2,8 +2,11 @@
 # CI check of apexlite's CUDA code on a machine without a GPU:
 #   1. compile every csrc/cuda/*.cu on its own with `nvcc -c` (the .cu files need no torch);
 #   2. build the whole apexlite._C extension (CPU + CUDA kernels) through setup.py against a CUDA
-#      build of torch kept in a separate venv, import it, and check that its ops register and that
-#      the CUDA kernel rejects CPU tensors with apexlite's message.
+#      build of torch kept in a separate venv (APEXLITE_CUDA=1, the explicit install path), import it,
+#      and check that its ops register and that the CUDA kernel rejects CPU tensors with apexlite's message;
+#   3. the first-use path of an install that compiled nothing (pip's build isolation): `python -m apexlite
+#      doctor --build` in that venv compiles the CPU library and the CUDA kernel into a temporary
+#      TORCH_EXTENSIONS_DIR, and the CUDA kernel must then be JIT-cached and registered.
 # Each part is skipped, with a message, when its tools are missing. The venv's interpreter is only run
 # from a directory this user owns and nobody else can write to (never a fixed path in a shared temp
 # directory, where another user could plant an interpreter first). Tunables (environment):
@@ -56,7 +59,7 @@ private_dir "$VENV" || exit 1
 
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -W ignore -c "import torch" 2>/dev/null; then
     echo "check_cuda_build: creating $VENV with $CUDA_TORCH (from the local wheel store, several minutes once)"
-    if ! { python3 -m venv "$VENV" && "$VENV/bin/pip" install --quiet "$CUDA_TORCH" setuptools wheel ninja; }; then
+    if ! { python3 -m venv "$VENV" && "$VENV/bin/pip" install --quiet "$CUDA_TORCH" setuptools wheel ninja wrapt; }; then
         echo "check_cuda_build: $CUDA_TORCH is not installable here; skipping the full extension build."
         exit 0
     fi
@@ -65,7 +68,7 @@ if [ "$("$VENV/bin/python" -W ignore -c 'import torch; print(torch.version.cuda 
     echo "check_cuda_build: torch in $VENV has no CUDA; skipping the full extension build."
     exit 0
 fi
-"$VENV/bin/pip" install --quiet setuptools wheel ninja
+"$VENV/bin/pip" install --quiet setuptools wheel ninja wrapt
 
 echo "check_cuda_build: building apexlite._C with CUDA against $("$VENV/bin/python" -W ignore -c 'import torch; print(torch.__version__)')"
 start=$(date +%s)
@@ -96,3 +99,20 @@ else:
     raise AssertionError("the CUDA kernel accepted CPU tensors")
 print(f"  ok  imported {so}; CPU and CUDA kernels registered; CPU tensors rejected by the CUDA kernel")
 PY
+
+echo "check_cuda_build: first-use build, as after a plain pip install (python -m apexlite doctor --build)"
+cd "$ROOT"
+start=$(date +%s)
+TORCH_EXTENSIONS_DIR="$WORK/extensions" "$VENV/bin/python" -W "ignore:Failed to initialize NumPy" \
+    -m apexlite doctor --build > "$WORK/doctor.log" 2>&1 || { cat "$WORK/doctor.log"; exit 1; }
+grep -qE "^CUDA kernel +JIT-cached: " "$WORK/doctor.log" || { cat "$WORK/doctor.log"; exit 1; }
+TORCH_EXTENSIONS_DIR="$WORK/extensions" "$VENV/bin/python" -W "ignore:Failed to initialize NumPy" - <<'PY'
+import torch
+from apexlite import _ext
+from apexlite import _kernel_state as state
+
+found = state.find_cuda(_ext.status())
+torch.ops.load_library(str(found.library.path))
+assert state.has_kernel("CUDA"), f"{found.library.path} registers no CUDA kernel"
+PY
+echo "  ok  CPU library and CUDA kernel compiled on first use in $(( $(date +%s) - start )) s, CUDA kernel registered"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set everything up, then run the whole test suite.
+# Set everything up (scripts/setup.sh test), then run the whole test suite with the same Python:
+# $PYTHON when set, else this checkout's ./.venv (created on first use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-PY=${PYTHON:-python3}
-exec "$PY" -m pytest -q "$@"
+source scripts/python_env.sh
+bash scripts/setup.sh test
+exec "$PYTHON" -m pytest -q "$@"

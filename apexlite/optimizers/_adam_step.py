@@ -35,9 +35,10 @@ _log = get_logger("optimizers")
 
 @functools.lru_cache(maxsize=None)
 def _note_torch_path(device_type: str) -> None:
-    if _ext.status().source != "disabled":
+    found = _ext.kernel_status(device_type)
+    if _ext.status().source != "disabled" and not found.said:  # a failed build already said it, once
         _log.info("apexlite: FusedAdam on %s uses torch's fused Adam ops (no compiled apexlite kernel: %s)",
-                  device_type, _ext.kernel_detail(device_type))
+                  device_type, found.detail)
 
 
 def resolve(implementation: str, device: torch.device) -> str:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from apexlite import _ext
 from apexlite._logging import get_logger
 from apexlite.amp.o1.cache import CastCache
 from apexlite.amp.o1.cast_state import CastState, CastSwitches
@@ -29,11 +30,9 @@ log = get_logger("amp.casts")
 
 @functools.lru_cache(maxsize=None)
 def _native_module() -> Optional[Any]:
-    """apexlite._C when it was built with the O1 cast types, else None (imported once)."""
-    try:
-        import apexlite._C as compiled
-    except ImportError:
-        return None
+    """apexlite's CPU library (installed apexlite._C, or compiled on first use) when it carries the O1 cast
+    types, else None (looked up once; see apexlite/_ext.py)."""
+    compiled = _ext.native_module()
     return compiled if hasattr(compiled, "CastWrapper") else None
 
 
@@ -42,7 +41,7 @@ def status() -> str:
     if os.environ.get(DISABLE_ENV, "") == "1":
         return f"python ({DISABLE_ENV}=1)"
     if _native_module() is None:
-        return "python (apexlite._C is not built; build it with `pip install --no-build-isolation -e .`)"
+        return f"python (apexlite's compiled casts are not available: {_ext.status().detail})"
     return "native"
 
 

@@ -1,0 +1,239 @@
+"""Finding, compiling on first use and loading apexlite's kernels (apexlite/_ext.py), on a faked machine.
+
+The compiler is faked here (a real first-use build is tests/test_packaging.py's slow fresh-venv test;
+a real failing compile is tests/test_jit_build.py's): what is checked is which library is chosen, that
+a build runs once, what is said (a line before and after a build, one line for a failure, nothing twice)
+and that a failure is remembered per torch and source.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import types
+
+import pytest
+import torch
+
+from apexlite import _build_plan as plan
+from apexlite import _ext, _jit_build
+from apexlite import _kernel_state as state
+from apexlite.optimizers import _adam_step, _torch_fused
+from tests.test_build_plan import CUDA_121_NVCC_130, CUDA_130_NVCC_130, tools
+
+CPU_TITLE = _jit_build.TITLES["cpu"]
+
+
+def _clear_caches() -> None:
+    """Forgets what this process found (the functions a fixture replaced have no cache to clear)."""
+    for cached in (_ext._cpu_library, _ext.cuda_status, state.installed_module, state.toolchain,
+                   _ext.warn_fallback, _adam_step._note_torch_path):
+        getattr(cached, "cache_clear", lambda: None)()
+
+
+class FakeCompiler:
+    """Stands in for _jit_build.build: records each build and leaves what a real one leaves."""
+
+    def __init__(self, error: str = "") -> None:
+        self.error = error
+        self.builds = []
+
+    def __call__(self, library, sources, include_dirs, cuda_home):
+        self.builds.append((library.kind, [s.name for s in sources], cuda_home))
+        library.folder.mkdir(parents=True, exist_ok=True)
+        if self.error:
+            library._write_outcome(state="failed", detail=self.error, seconds=3, log=str(library.log))
+            raise _jit_build.BuildFailed(self.error)
+        library.path.write_bytes(b"")
+        library._write_outcome(state="built", seconds=42)
+        return 42.0
+
+
+@pytest.fixture
+def machine(monkeypatch, tmp_path):
+    """A torch 2.13 CPU machine with a compiler, no installed apexlite._C and an empty first-use cache."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(_ext.DISABLE_ENV, raising=False)
+    monkeypatch.setattr(state, "RECORD", tmp_path / "_build_record.json")
+    monkeypatch.setattr(state, "installed_module", lambda: (None, "not compiled at install"))
+    monkeypatch.setattr(state, "toolchain", lambda: tools(torch_version=torch.__version__))
+    loaded = types.SimpleNamespace(CastWrapper=object)
+    monkeypatch.setattr(_ext, "_load_python_module", lambda path: loaded)
+    monkeypatch.setattr(state, "has_kernel", lambda key: key == "CPU")
+    compiler = FakeCompiler()
+    monkeypatch.setattr(_jit_build, "build", compiler)
+    _clear_caches()
+    yield compiler
+    _clear_caches()
+
+
+def _messages(caplog):
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name.startswith("apexlite")]
+
+
+def test_first_use_compiles_once_and_says_so_before_and_after(machine, caplog):
+    with caplog.at_level(logging.INFO, logger="apexlite"):
+        found = _ext.status()
+        assert _ext.status() is found
+    assert found.source == "jit" and found.cpu and _ext.native_module().CastWrapper is object
+    assert machine.builds == [("cpu", [p.name for p in plan.cpu_sources(state.kernel_sources())], None)]
+    (level1, before), (level2, after) = _messages(caplog)
+    assert before.startswith(f"apexlite: compiling apexlite's {CPU_TITLE} for torch {torch.__version__} (first use, "
+                             "about ") and " min with " in before
+    assert after.startswith(f"apexlite: compiled apexlite's {CPU_TITLE} in 42 s")
+    assert level1 == level2 == logging.INFO and "fail" not in (before + after).lower()
+
+
+def test_a_later_process_loads_the_cached_build_quietly(machine, caplog):
+    _ext.status()
+    _clear_caches()  # a new process, as far as _ext can tell
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="apexlite"):
+        found = _ext.status()
+    assert found.source == "jit" and "cached in" in found.detail
+    assert len(machine.builds) == 1 and _messages(caplog) == []
+    assert state.find_cpu().state == "cached"
+
+
+def test_a_build_error_is_said_once_then_remembered(machine, caplog, monkeypatch):
+    machine.error = "csrc/torch/o1_cast_table.cpp:120:5: error: 'any_modes_set' is not a member"
+    monkeypatch.setattr(_torch_fused, "available", lambda device_type: True)
+    with caplog.at_level(logging.INFO, logger="apexlite"):
+        found = _ext.status()
+        assert _adam_step.resolve("auto", torch.device("cpu")) == "torch"  # no second line about it
+    assert not found.cpu and found.said
+    said = _messages(caplog)
+    [(level, message)] = [m for m in said if "fail" in m[1]]
+    assert len(said) == 2 and said[0][1].startswith("apexlite: compiling") and said[0][0] == logging.INFO
+    assert level == logging.WARNING and machine.error in message
+    assert "FusedAdam and O1 use torch's ops instead" in message and plan.DOCTOR_BUILD in message
+    caplog.clear()
+    _clear_caches()  # the next process does not compile the same failing sources again
+    with caplog.at_level(logging.INFO, logger="apexlite"):
+        assert not _ext.status().cpu
+    assert len(machine.builds) == 1
+    [(level, message)] = _messages(caplog)
+    assert level == logging.WARNING and "failed on" in message and machine.error in message
+    assert state.find_cpu().state == "failed"
+
+
+def test_doctor_build_retries_after_a_build_error(machine):
+    machine.error = "error: something"
+    assert not _ext.status().cpu
+    machine.error = ""
+    assert _ext.build_now("cpu").source == "jit"
+    assert len(machine.builds) == 2 and state.find_cpu().state == "cached"
+
+
+def _write_record(machine_record, cpu_state, detail="", torch_version=None):
+    machine_record.write_text(json.dumps({
+        "torch": torch_version or torch.__version__, "abi": plan.abi_tag(),
+        "sources": plan.source_digest(state.kernel_sources()),
+        "cpu": {"state": cpu_state, "detail": detail}, "cuda": {"state": "not built", "detail": ""}}))
+
+
+def test_a_compile_that_failed_at_install_is_not_repeated_on_first_use(machine, caplog):
+    _write_record(state.RECORD, "failed", "ops.cpp:1: error: boom")
+    with caplog.at_level(logging.INFO, logger="apexlite"):
+        found = _ext.status()
+    assert not found.cpu and machine.builds == []
+    [(level, message)] = _messages(caplog)
+    assert "failed at install: ops.cpp:1: error: boom" in message and plan.DOCTOR_BUILD in message
+    assert _ext.build_now("cpu").source == "jit" and len(machine.builds) == 1
+
+
+def test_a_record_of_other_sources_does_not_block_first_use(machine):
+    _write_record(state.RECORD, "failed", "error: old")
+    record = json.loads(state.RECORD.read_text())
+    state.RECORD.write_text(json.dumps(dict(record, sources="0" * 16)))
+    assert _ext.status().source == "jit" and len(machine.builds) == 1
+
+
+@pytest.mark.parametrize("facts, expected", [
+    (dict(cxx=None), "no C++ compiler found"),
+    (dict(ninja=False), "ninja is not installed"),
+], ids=["no-compiler", "no-ninja"])
+def test_nothing_is_compiled_where_it_cannot_be(machine, monkeypatch, caplog, facts, expected):
+    monkeypatch.setattr(state, "toolchain", lambda: tools(torch_version=torch.__version__, **facts))
+    with caplog.at_level(logging.INFO, logger="apexlite.ext"):
+        found = _ext.status()
+    assert not found.cpu and not found.said and expected in found.detail and "not compiled at install" in found.detail
+    assert machine.builds == [] and _messages(caplog) == [] and state.find_cpu().state == "incompatible"
+
+
+def test_disabled_compiles_and_loads_nothing(machine, monkeypatch):
+    monkeypatch.setenv(_ext.DISABLE_ENV, "1")
+    assert _ext.status().source == "disabled" and _ext.native_module() is None and machine.builds == []
+
+
+def test_kernel_sources_of_a_checkout_and_of_a_wheel(monkeypatch, tmp_path):
+    assert state.kernel_sources() is None or plan.is_kernel_tree(state.kernel_sources())
+    package = tmp_path / "site-packages" / "apexlite"
+    monkeypatch.setattr(state, "PACKAGE", package)
+    assert state.kernel_sources() is None
+    (package / "_csrc" / "torch").mkdir(parents=True)
+    (package / "_csrc" / "torch" / "ops.cpp").write_text("")
+    assert state.kernel_sources() == package / "_csrc"
+    monkeypatch.setattr(state, "kernel_sources", lambda: None)
+    monkeypatch.setattr(state, "installed_module", lambda: (None, "not compiled at install"))
+    found = state.find_cpu()
+    assert found.state == "incompatible" and "no kernel sources" in found.detail
+
+
+def test_an_installed_library_of_another_torch_is_not_loaded(monkeypatch, tmp_path):
+    _write_record(tmp_path / "record.json", "built", torch_version="1.0.0")
+    monkeypatch.setattr(state, "RECORD", tmp_path / "record.json")
+    state.installed_module.cache_clear()
+    try:
+        assert state.installed_module() == (None, "the installed apexlite._C was compiled for torch 1.0.0")
+    finally:
+        state.installed_module.cache_clear()
+
+
+def test_an_installed_library_has_its_record():
+    module, _ = state.installed_module()
+    if module is None:
+        pytest.skip("apexlite._C is not installed here")
+    record = state.install_record()
+    assert record is not None and record["cpu"]["state"] == "built" and record["torch"] == torch.__version__
+
+
+@pytest.fixture
+def gpu_machine(machine, monkeypatch):
+    """The same, with a CUDA 13.0 torch, nvcc 13.0 and a GPU; the CPU library installed without CUDA."""
+    registered = {"CPU": True, "CUDA": False}
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.setattr(state, "toolchain", lambda: tools(**CUDA_130_NVCC_130))
+    monkeypatch.setattr(_ext, "_cpu_library", lambda: (_ext.ExtensionStatus("installed", "/x/_C.so"), None))
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (9, 0))
+    monkeypatch.setattr(torch.ops, "load_library", lambda path: registered.update(CUDA=True))
+    monkeypatch.setattr(state, "has_kernel", lambda key: registered[key])
+    return machine
+
+
+def test_cuda_kernel_is_compiled_once_on_first_gpu_use(gpu_machine):
+    assert _ext.kernels_available("cuda") and _ext.kernels_available("cuda")
+    assert gpu_machine.builds == [("cuda", ["fused_adam_cuda.cpp", "fused_adam.cu"], "/usr/local/cuda")]
+    found = _ext.cuda_status()
+    assert found.source == "jit" and "cached in" in found.detail and found.detail.endswith("-nvcc13.0-sm9.0")
+
+
+@pytest.mark.parametrize("change, expected", [
+    ("mismatch", "nvcc 13.0 (/usr/local/bin/nvcc) does not match the CUDA 12.4 torch was built with"),
+    ("cpu_torch", "is a CPU-only build"),
+    ("no_toolkit", "no CUDA toolkit found"),
+    ("no_gpu", "no CUDA device is visible"),
+])
+def test_cuda_kernel_is_not_compiled_without_what_it_needs(gpu_machine, monkeypatch, change, expected):
+    if change == "mismatch":
+        monkeypatch.setattr(state, "toolchain", lambda: tools(**CUDA_121_NVCC_130))
+    elif change == "cpu_torch":
+        monkeypatch.setattr(state, "toolchain", lambda: tools())
+    elif change == "no_toolkit":
+        monkeypatch.setattr(state, "toolchain", lambda: tools(**dict(CUDA_130_NVCC_130, nvcc=None, nvcc_version=None)))
+    else:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not _ext.kernels_available("cuda")
+    assert gpu_machine.builds == [] and expected in _ext.kernel_detail("cuda")

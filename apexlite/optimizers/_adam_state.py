@@ -30,8 +30,10 @@ class Bucket:
     state_steps: List[torch.Tensor] = field(default_factory=list)
     model_copies: List[torch.Tensor] = field(default_factory=list)
     written: List[torch.Tensor] = field(default_factory=list)  # model params whose version must bump
-    # grads whose strides differ from their param's, and the laid-out copies in ``grads`` that the
-    # kernels read (and unscale into): GradScaler's contract wants the unscaled values in the originals
+    # (param, grad) for every grad laid out unlike its param: the only ones that may share memory
+    unlike_params: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # of those, the grads the kernels read through a laid-out copy in ``grads`` (and unscale into):
+    # GradScaler's contract wants the unscaled values in the originals
     odd_grads: List[torch.Tensor] = field(default_factory=list)
     odd_grad_copies: List[torch.Tensor] = field(default_factory=list)
 
@@ -181,6 +183,8 @@ def add_to_bucket(buckets: Dict[Tuple, Bucket], param: torch.Tensor, grad: torch
         bucket = buckets[key] = Bucket(device=param.device, dense=dense, grads_unscaled=grads_unscaled)
     bucket.params.append(target)
     laid_out, copied = grad_in_layout(grad, target) if dense else (grad, False)
+    if laid_out is not grad or (not dense and grad.stride() != target.stride()):
+        bucket.unlike_params.append((param, grad))
     if copied:
         bucket.odd_grads.append(grad)
         bucket.odd_grad_copies.append(laid_out)

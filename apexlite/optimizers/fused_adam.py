@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -260,11 +260,13 @@ class FusedAdam(ApexStyleOptimizer):
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
         store_unscaled = grad_scale is not None and not self.leave_grads_scaled
+        plan = [(group, self._buckets(group)) for group in self.param_groups]
         if store_unscaled:  # before anything is updated
-            check_grads_writable(self._scaled_grads(), "FusedAdam")
-        for group in self.param_groups:
+            check_grads_writable((pair for _, buckets in plan for bucket in buckets.values()
+                                  if not bucket.grads_unscaled for pair in bucket.unlike_params), "FusedAdam")
+        for group, buckets in plan:
             beta1, beta2 = group["betas"]
-            for bucket in self._buckets(group).values():
+            for bucket in buckets.values():
                 bucket_scale = None if bucket.grads_unscaled else _flag_on(grad_scale, bucket.device)
                 path = fused_adam_step(
                     bucket.params, bucket.grads, bucket.exp_avgs, bucket.exp_avg_sqs,
@@ -282,14 +284,6 @@ class FusedAdam(ApexStyleOptimizer):
                 if bucket.odd_grads and bucket_scale is not None and store_unscaled:  # into .grad itself (note c)
                     foreach_copy(bucket.odd_grads, bucket.odd_grad_copies)
         return loss
-
-    def _scaled_grads(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        """(param, grad) for every grad that ``grad_scale`` applies to (not a master's own fp32 grad)."""
-        for group in self.param_groups:
-            for param in group["params"]:
-                grad, unscaled = adam_state.step_grad(param, self.state.get(param))
-                if grad is not None and not unscaled:
-                    yield param, grad
 
     def _buckets(self, group: Dict[str, Any]) -> Dict[Tuple, adam_state.Bucket]:
         buckets: Dict[Tuple, adam_state.Bucket] = {}

@@ -30,6 +30,12 @@ class Bucket:
     state_steps: List[torch.Tensor] = field(default_factory=list)
     model_copies: List[torch.Tensor] = field(default_factory=list)
     written: List[torch.Tensor] = field(default_factory=list)  # model params whose version must bump
+    # (param, grad) for every grad laid out unlike its param: the only ones that may share memory
+    unlike_params: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # of those, the grads the kernels read through a laid-out copy in ``grads`` (and unscale into):
+    # GradScaler's contract wants the unscaled values in the originals
+    odd_grads: List[torch.Tensor] = field(default_factory=list)
+    odd_grad_copies: List[torch.Tensor] = field(default_factory=list)
 
 
 def check_dtype(tensor: torch.Tensor, what: str) -> None:
@@ -65,6 +71,21 @@ def with_layout(tensor: torch.Tensor, like: torch.Tensor, dtype: Optional[torch.
     if tensor.dtype == dtype and tensor.stride() == like.stride() and tensor.device == like.device:
         return tensor
     return torch.empty_like(like, dtype=dtype).copy_(tensor)
+
+
+def grad_in_layout(grad: torch.Tensor, like: torch.Tensor) -> Tuple[torch.Tensor, bool]:
+    """``grad`` with the strides of ``like`` (the dense tensor the kernel pairs it with), and whether
+    that is a copy (whose values do not reach ``grad`` unless copied back) rather than ``grad``'s memory.
+
+    Strides that differ only on dims of size 1 address the same memory (e.g. the grad of a conv weight
+    with one input channel, fed channels_last input), so the grad is then restrided as a view and the
+    kernel reads and writes ``.grad``'s own memory. Otherwise the result is a copy in ``like``'s layout.
+    """
+    if grad.stride() == like.stride():
+        return grad, False
+    if all(g == w for size, g, w in zip(grad.shape, grad.stride(), like.stride()) if size > 1):
+        return grad.as_strided(like.shape, like.stride(), grad.storage_offset()), False
+    return torch.empty_like(like, dtype=grad.dtype).copy_(grad), True
 
 
 def init_state(param: torch.Tensor, state: dict, master_weights: bool, moment_dtype: torch.dtype) -> None:
@@ -153,14 +174,21 @@ def add_to_bucket(buckets: Dict[Tuple, Bucket], param: torch.Tensor, grad: torch
                   grads_unscaled: bool = False) -> None:
     """Files one param (with a grad and initialised state) into its (device, dtypes) bucket."""
     target = state.get("master_param", param)
-    dense = is_dense(target)
+    # the fused paths walk the master and its model copy as one block each, in the same order
+    dense = is_dense(target) and (target is param or target.stride() == param.stride())
     copy_dtype = param.dtype if target is not param else None
     key = (param.device, target.dtype, grad.dtype, copy_dtype, state["exp_avg"].dtype, dense, grads_unscaled)
     bucket = buckets.get(key)
     if bucket is None:
         bucket = buckets[key] = Bucket(device=param.device, dense=dense, grads_unscaled=grads_unscaled)
     bucket.params.append(target)
-    bucket.grads.append(with_layout(grad, target) if dense else grad)
+    laid_out, copied = grad_in_layout(grad, target) if dense else (grad, False)
+    if laid_out is not grad or (not dense and grad.stride() != target.stride()):
+        bucket.unlike_params.append((param, grad))
+    if copied:
+        bucket.odd_grads.append(grad)
+        bucket.odd_grad_copies.append(laid_out)
+    bucket.grads.append(laid_out)
     bucket.exp_avgs.append(state["exp_avg"])
     bucket.exp_avg_sqs.append(state["exp_avg_sq"])
     bucket.state_steps.append(state["step"])

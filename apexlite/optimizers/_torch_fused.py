@@ -54,11 +54,11 @@ def available(device_type: str) -> bool:
     return True
 
 
-def _copy(targets: List[torch.Tensor], sources: List[torch.Tensor]) -> None:
+def foreach_copy(targets: List[torch.Tensor], sources: List[torch.Tensor]) -> None:
     """targets[i].copy_(sources[i]) for all i, in one foreach call where this torch has it."""
-    foreach_copy = getattr(torch, "_foreach_copy_", None)
-    if foreach_copy is not None:
-        foreach_copy(targets, sources)
+    torch_foreach_copy = getattr(torch, "_foreach_copy_", None)
+    if torch_foreach_copy is not None:
+        torch_foreach_copy(targets, sources)
         return
     for target, source in zip(targets, sources):
         target.copy_(source)
@@ -168,7 +168,7 @@ def torch_fused_adam_step(
     if not any(scratch):
         op(*lists, [], steps, **hyper)
         if model_copies:
-            _copy(model_copies, params)
+            foreach_copy(model_copies, params)
     else:
         _sliced_step(op, hyper, lists, scratch, steps, model_copies, workspace or Workspace(),
                      write_grads=grad_scale is not None and unscale_grads)
@@ -189,14 +189,14 @@ def _sliced_step(op, hyper: dict, lists, scratch: List[bool], steps: List[torch.
         for slot, (piece_views, widen) in enumerate(zip(views, scratch)):
             if widen:
                 widened = workspace.pieces(device, slot, [view.numel() for view in piece_views])
-                _copy(widened, piece_views)
+                foreach_copy(widened, piece_views)
                 piece_views = widened
             work.append(piece_views)
         op(*work, [], [steps[i] for i, _, _ in pieces], **hyper)
         for slot in (0, 2, 3):
             if scratch[slot]:
-                _copy(views[slot], work[slot])
+                foreach_copy(views[slot], work[slot])
         if scratch[1] and write_grads:
-            _copy(views[1], work[1])
+            foreach_copy(views[1], work[1])
         if flat_copies:
-            _copy([_piece(flat_copies[i], start, end) for i, start, end in pieces], work[0])
+            foreach_copy([_piece(flat_copies[i], start, end) for i, start, end in pieces], work[0])

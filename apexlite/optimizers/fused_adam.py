@@ -11,7 +11,8 @@ from apexlite.optimizers import _adam_state as adam_state
 from apexlite.optimizers import multi_tensor
 from apexlite.optimizers._base import ApexStyleOptimizer
 from apexlite.optimizers._adam_step import IMPLEMENTATIONS, bump_versions, fused_adam_step
-from apexlite.optimizers._torch_fused import Workspace
+from apexlite.optimizers._grad_writeback import check_grads_writable
+from apexlite.optimizers._torch_fused import Workspace, foreach_copy
 
 _LEGACY_STEP_ARGS = ("grads", "output_params", "scale", "grad_norms")
 _log = get_logger("optimizers")
@@ -102,7 +103,11 @@ class FusedAdam(ApexStyleOptimizer):
     .. note:: **(c) Loss scaling.** ``step()`` reads two optional attributes, GradScaler's contract
        for optimizers with ``_step_supports_amp_scaling``: ``self.grad_scale`` (1-element float32
        tensor holding the loss *scale*; gradients are multiplied by its reciprocal in registers, and
-       the unscaled gradient is stored back into ``.grad``, as torch's fused Adam leaves it) and
+       the unscaled gradient is stored back into ``.grad``, in place, as torch's fused Adam leaves it;
+       a grad laid out unlike its param, e.g. the grad of a contiguous conv weight fed channels_last
+       input, is read through a copy in the param's layout whose unscaled values are copied back,
+       and a grad whose elements share memory (``expand``) is refused with ``RuntimeError`` before
+       anything changes, as torch's unscale refuses it) and
        ``self.found_inf`` (1-element float32 tensor; nonzero skips the whole step: params, masters,
        moments, ``step`` and ``.grad``, still scaled, stay bit-identical). ``torch.amp.GradScaler``
        sets and deletes them around its ``scaler.step(optimizer)``; apexlite's amp sets them the same
@@ -254,16 +259,21 @@ class FusedAdam(ApexStyleOptimizer):
         loss = self._closure_loss(closure)
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
-        for group in self.param_groups:
+        store_unscaled = grad_scale is not None and not self.leave_grads_scaled
+        plan = [(group, self._buckets(group)) for group in self.param_groups]
+        if store_unscaled:  # before anything is updated
+            check_grads_writable((pair for _, buckets in plan for bucket in buckets.values()
+                                  if not bucket.grads_unscaled for pair in bucket.unlike_params), "FusedAdam")
+        for group, buckets in plan:
             beta1, beta2 = group["betas"]
-            for bucket in self._buckets(group).values():
+            for bucket in buckets.values():
+                bucket_scale = None if bucket.grads_unscaled else _flag_on(grad_scale, bucket.device)
                 path = fused_adam_step(
                     bucket.params, bucket.grads, bucket.exp_avgs, bucket.exp_avg_sqs,
                     bucket.state_steps, bucket.model_copies,
                     lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                     weight_decay=group["weight_decay"], bias_correction=group["bias_correction"],
-                    adam_w_mode=group["adam_w_mode"],
-                    grad_scale=None if bucket.grads_unscaled else _flag_on(grad_scale, bucket.device),
+                    adam_w_mode=group["adam_w_mode"], grad_scale=bucket_scale,
                     found_inf=_flag_on(found_inf, bucket.device),
                     unscale_grads=not self.leave_grads_scaled,
                     implementation=self.implementation if bucket.dense else "reference",
@@ -271,6 +281,8 @@ class FusedAdam(ApexStyleOptimizer):
                 )
                 if path != "reference":  # fused ops write through raw pointers, bypassing the counters
                     bump_versions(bucket.written)
+                if bucket.odd_grads and bucket_scale is not None and store_unscaled:  # into .grad itself (note c)
+                    foreach_copy(bucket.odd_grads, bucket.odd_grad_copies)
         return loss
 
     def _buckets(self, group: Dict[str, Any]) -> Dict[Tuple, adam_state.Bucket]:

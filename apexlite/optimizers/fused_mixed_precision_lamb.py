@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from apexlite.optimizers import multi_tensor
+from apexlite.optimizers._grad_writeback import check_grads_writable
 from apexlite.optimizers._lamb_rule import lamb_update
 from apexlite.optimizers.fused_lamb import FusedLAMB
 
@@ -123,6 +124,8 @@ class FusedMixedPrecisionLamb(FusedLAMB):
             return loss
         device = with_grads[0].device
         inv_scale, overflow = self._scaling(grad_scaler, device)
+        if inv_scale is not None:  # the unscaled grads are stored back in place, so check them all first
+            check_grads_writable(((p, p.grad) for p in with_grads), type(self).__name__)
         if overflow:
             return loss
         grads = {p: self._unscaled_grad(p, inv_scale) for p in with_grads}

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from apexlite.optimizers import FusedAdam
+from tests._helpers.layouts import CONTIGUOUS, PARAM_LAYOUTS, SHAPES
 from tests.optimizers.adam_helpers import (
     IMPLEMENTATIONS, assert_close, assert_state_matches, fp32_leaves, run_side_by_side, torch_adam,
 )
@@ -15,14 +16,9 @@ DECAY_MODES = [(True, 0.0), (True, 0.05), (False, 0.0), (False, 0.05)]
 # Sizes around the CPU kernel's tile (1024) and task (32768) boundaries, plus empty and large.
 EDGE_SIZES = [0, 1, 1023, 1024, 1025, 32767, 32768, 32769, 200_003]
 
-# Memory layouts a parameter can have; each must give torch's numbers.
-LAYOUTS = {
-    "contiguous": lambda: torch.randn(6, 10),
-    "transposed": lambda: torch.randn(10, 6).t(),
-    "channels_last": lambda: torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
-    "strided_view": lambda: torch.randn(6, 20)[:, ::2],
-    "scalar": lambda: torch.randn(()),
-}
+# Memory layouts a parameter can have (the shared table, plus a 0-d param); each must give torch's numbers.
+PARAM_CASES = [pytest.param(layout, shape, id=f"{layout.name}{list(shape)}") for layout in PARAM_LAYOUTS
+               for shape in SHAPES] + [pytest.param(CONTIGUOUS, (), id="scalar")]
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
@@ -80,11 +76,12 @@ def test_many_tensors_in_one_group_match_torch(implementation):
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_param_layouts_match_torch(implementation, layout):
-    base = LAYOUTS[layout]()
-    ours_params = [torch.nn.Parameter(base.clone())]
-    ref_params = fp32_leaves([base])
+@pytest.mark.parametrize("layout, shape", PARAM_CASES)
+def test_param_layouts_match_torch(implementation, layout, shape):
+    values = torch.randn(shape)
+    ours_params = [torch.nn.Parameter(layout(values))]  # (a clone of a strided tensor would be contiguous)
+    assert ours_params[0].stride() == layout(values).stride()
+    ref_params = fp32_leaves([values])
     ours = FusedAdam(ours_params, lr=1e-2, weight_decay=0.01, implementation=implementation)
     ref = torch_adam(ref_params, adam_w_mode=True, lr=1e-2, weight_decay=0.01)
     run_side_by_side(ours, ours_params, ref, ref_params, torch.float32)

@@ -23,6 +23,7 @@ import torch
 
 from apexlite.optimizers._adam_state import is_dense
 from apexlite.optimizers._adam_step import bump_versions, fused_adam_step
+from apexlite.optimizers._grad_writeback import check_grads_writable
 from apexlite.optimizers.multi_tensor._lists import Lists, check_float_dtypes, check_lists, to_float
 
 _READABLE = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -56,6 +57,8 @@ def _run(grads: List[torch.Tensor], params: List[torch.Tensor], exp_avgs: List[t
     """Files the tensors into buckets of one dtype combination each and steps every bucket."""
     if mode not in (L2_MODE, DECOUPLED_MODE):
         raise ValueError(f"{op}: mode must be 0 (Adam with L2 decay) or 1 (AdamW); got {mode}.")
+    if grad_scale is not None:  # the unscaled grads are stored back in place
+        check_grads_writable(zip(params, grads), op)
     buckets: Dict[Tuple, List[int]] = defaultdict(list)
     for i, (g, p, m, v) in enumerate(zip(grads, params, exp_avgs, exp_avg_sqs)):
         copy = copies[i] if copies else None

@@ -9,8 +9,9 @@ is left. Bytes the plan does not touch come out exactly as they went in (libcst'
 from __future__ import annotations
 
 import ast
+import pathlib
 from dataclasses import dataclass, field
-from typing import List, Optional, Set, Tuple
+from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ScopeProvider
@@ -126,3 +127,10 @@ def migrate_source(source: bytes, options: MigrateOptions = MigrateOptions()) ->
     result.todo_lines = _todo_lines(result.migrated, todos)
     result.remaining = check.scan(ast.parse(result.migrated))
     return result
+
+
+def migrate_sources(sources: Mapping[pathlib.Path, bytes],
+                    options: MigrateOptions = MigrateOptions()) -> Dict[pathlib.Path, MigrationResult]:
+    """Migrate the files of one program (a repository) together; one result per path (raises
+    libcst.ParserSyntaxError when libcst cannot parse one of them). Each file is migrated on its own here."""
+    return {path: migrate_source(source, options) for path, source in sources.items()}

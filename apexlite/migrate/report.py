@@ -1,8 +1,9 @@
-"""What `migrate` tells the user: the recipe, each TODO with its line in the migrated script, the notes, and
-what `check` still finds of apex in the result."""
+"""What `migrate` tells the user: for one file, the recipe, each TODO with its line in the migrated script,
+the notes, and what `check` still finds of apex in the result; for several, one table (a row per file:
+migrated / TODOs / not rewritten / unchanged / refused), the TODOs by file and line, and the totals."""
 from __future__ import annotations
 
-from typing import List
+from typing import Callable, List, Optional, Sequence
 
 from apexlite.migrate.engine import MigrationResult
 from apexlite.migrate.initialize import AUTOCAST, HALF, KEEP, NONE
@@ -11,7 +12,8 @@ from apexlite.migrate.initialize import AUTOCAST, HALF, KEEP, NONE
 RECIPES = {AUTOCAST: "torch.autocast({dtype})", HALF: "the model in {dtype}", NONE: "fp32", KEEP: "amp kept from apexlite"}
 
 
-def _recipe(result: MigrationResult) -> str:
+def recipe(result: MigrationResult) -> str:
+    """` (opt_level O1: torch.autocast(float16) + torch.amp.GradScaler)`, or "" without amp."""
     setup = result.setup
     if setup is None:
         return ""
@@ -20,8 +22,9 @@ def _recipe(result: MigrationResult) -> str:
     return f" (opt_level {setup.level}: {what}{scaler})"
 
 
-def format_report(result: MigrationResult, script: str, shown_as: str) -> str:
-    """The report as text, one item a line."""
+def format_report(result: MigrationResult, script: str, shown_as: str,
+                  locate: Optional[Callable[[int, bool], str]] = None) -> str:
+    """The report as text, one item a line. `locate(line, in_migrated)` names a line in a notebook's cells."""
     lines: List[str] = []
     if result.error:
         lines.append(f"apexlite migrate: {script}: {result.error}")
@@ -29,19 +32,36 @@ def format_report(result: MigrationResult, script: str, shown_as: str) -> str:
         lines.append(f"apexlite migrate: {script}: nothing to migrate")
     elif result.todos:
         lines.append(f"apexlite migrate: {script} -> {shown_as}: {len(result.todos)} place(s) left for you "
-                     f"(TODO(apexlite migrate) comments){_recipe(result)}")
+                     f"(TODO(apexlite migrate) comments){recipe(result)}")
     else:
-        lines.append(f"apexlite migrate: {script} -> {shown_as}: migrated completely{_recipe(result)}")
+        lines.append(f"apexlite migrate: {script} -> {shown_as}: migrated completely{recipe(result)}")
     for todo, line in zip(result.todos, result.todo_lines):
-        where = f"{shown_as}:{line}" if line else f"{script}:{todo.line}"
+        if locate is not None:
+            where = f"{shown_as} {locate(line, True)}" if line else f"{script} {locate(todo.line, False)}"
+        else:
+            where = f"{shown_as}:{line}" if line else f"{script}:{todo.line}"
         lines.append(f"  TODO {where}: {todo.message}")
     for note in result.notes:
         lines.append(f"  note: {note}")
     if result.needs_apexlite:
         lines.append("  note: the migrated script imports apexlite (O2's amp), so it needs apexlite installed")
-    if result.remaining:
-        left = ", ".join(f"{api} (line {','.join(map(str, api_lines))})" for api, api_lines, _ in result.remaining)
-        lines.append(f"check: the migrated script still uses {left}")
-    else:
-        lines.append("check: no apex APIs used")
+    lines.append(_check_line(result, locate))
     return "\n".join(lines) + "\n"
+
+
+def _check_line(result: MigrationResult, locate: Optional[Callable[[int, bool], str]]) -> str:
+    if not result.remaining:
+        return "check: no apex APIs used"
+    if locate is None:
+        left = ", ".join(f"{api} (line {','.join(map(str, api_lines))})" for api, api_lines, _ in result.remaining)
+    else:
+        left = ", ".join(f"{api} ({', '.join(locate(line, True) for line in api_lines)})"
+                         for api, api_lines, _ in result.remaining)
+    return f"check: the migrated script still uses {left}"
+
+
+def format_table(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> List[str]:
+    """Left-aligned columns, two spaces apart, the last one unpadded."""
+    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers) - 1)]
+    return ["  " + "  ".join([*(f"{cell:{width}}" for cell, width in zip(row, widths)), str(row[-1])]).rstrip()
+            for row in [headers, *rows]]

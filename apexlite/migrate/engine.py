@@ -107,8 +107,15 @@ def plan_migration(analysis: Analysis, options: MigrateOptions) -> Tuple[Plan, O
     return plan, setup
 
 
+def _mentions_apex(source: bytes) -> bool:
+    """Whether any apex root can be named in `source`: an import of one needs its name in the text."""
+    return any(root.encode() in source for root in apis.ROOTS)
+
+
 def migrate_source(source: bytes, options: MigrateOptions = MigrateOptions()) -> MigrationResult:
     """Migrate one script's source (raises libcst.ParserSyntaxError when libcst cannot parse it)."""
+    if not _mentions_apex(source):  # nothing to rewrite: the result is the source, without parsing it with libcst
+        return MigrationResult(source, source, remaining=check.scan(ast.parse(source)))
     wrapper, analysis = parse(source)
     plan, setup = plan_migration(analysis, options)
     first = wrapper.visit(Applier(plan)).bytes

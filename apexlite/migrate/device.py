@@ -12,7 +12,7 @@ from typing import Optional
 
 import libcst as cst
 
-from apexlite.migrate.analysis import Analysis, dotted_text, walk
+from apexlite.migrate.analysis import Analysis, dotted_text
 
 CUDA = "cuda"
 CPU = "cpu"
@@ -48,7 +48,7 @@ def _is_dtype(analysis: Analysis, node: cst.BaseExpression) -> bool:
 def detect(analysis: Analysis) -> str:
     """CUDA, CPU or RUNTIME for the whole script."""
     kinds = set()
-    for call in walk(analysis.module, cst.Call):
+    for call in analysis.walk(analysis.module, cst.Call):
         func = call.func
         name = dotted_text(func) or ""
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda":

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 import libcst as cst
 
 from apexlite.migrate import apis
-from apexlite.migrate.analysis import ApexUse, dotted_text, walk
+from apexlite.migrate.analysis import ApexUse, dotted_text
 from apexlite.migrate.edits import Plan, expression, small_statement
 from apexlite.migrate.initialize import AUTOCAST, AmpSetup
 from apexlite.migrate.regions import RegionFinder
@@ -147,7 +147,7 @@ class ScaleLossPlanner:
     def _step_calls(self, index: int) -> List[cst.Call]:
         target = self.setup.optimizer_nodes[index]
         calls = []
-        for call in walk(self.analysis.module, cst.Call):
+        for call in self.analysis.walk(self.analysis.module, cst.Call):
             func = call.func
             if isinstance(func, cst.Attribute) and func.attr.value == "step" \
                     and self.analysis.same_binding(func.value, target):
@@ -198,7 +198,7 @@ class ScaleLossPlanner:
         return True
 
     def _flag_patched_optimizers(self) -> None:
-        for assign in walk(self.analysis.module, (cst.Assign, cst.AugAssign)):
+        for assign in self.analysis.walk(self.analysis.module, (cst.Assign, cst.AugAssign)):
             targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
             for target in targets:
                 if isinstance(target, cst.Attribute) and target.attr.value in PATCHED_OPTIMIZER_METHODS and any(

@@ -9,7 +9,9 @@ is left. Bytes the plan does not touch come out exactly as they went in (libcst'
 from __future__ import annotations
 
 import ast
+import importlib.util
 import pathlib
+import symtable
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Set, Tuple
 
@@ -72,8 +74,8 @@ def _compiles(source: bytes) -> Optional[str]:
     return None
 
 
-def _unbound_names(wrapper) -> Set[str]:
-    """Names the module reads without any binding (builtins are bound)."""
+def _unbound_names(wrapper: MetadataWrapper) -> Set[str]:
+    """Names the module reads without any binding before them (builtins are bound), in libcst's scopes."""
     names: Set[str] = set()
     for scope in set(wrapper.resolve(ScopeProvider).values()):
         if scope is None:
@@ -81,6 +83,38 @@ def _unbound_names(wrapper) -> Set[str]:
         names.update(access.node.value for access in scope.accesses
                      if not access.referents and isinstance(access.node, cst.Name))
     return names
+
+
+def _symbols(source: bytes) -> Tuple[Set[str], Set[str]]:
+    """(names read and bound nowhere, names imported at module level), from Python's symbol tables: order
+    does not matter to them, which is all a check of the import pass needs (it only edits imports)."""
+    top = symtable.symtable(importlib.util.decode_source(source), "<migrate>", "exec")
+    tables, bound, read = [top], set(), set()
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        for symbol in table.get_symbols():
+            name = symbol.get_name()
+            if table is top or symbol.is_declared_global():
+                if symbol.is_assigned() or symbol.is_imported() or symbol.is_namespace():
+                    bound.add(name)
+                if symbol.is_referenced():
+                    read.add(name)
+            elif symbol.is_global() and symbol.is_referenced():  # read in a function or class, bound nowhere in it
+                read.add(name)
+    imported = {symbol.get_name() for symbol in top.get_symbols() if symbol.is_imported()}
+    return read - bound, imported
+
+
+def _lost_names(wrapper: MetadataWrapper, first_wrapper: MetadataWrapper, first: bytes, migrated: bytes) -> Set[str]:
+    """Names the migrated script reads without defining them where the original defined them. The rewrite
+    (source -> first) is checked in libcst's scopes, already computed for the import pass; the import pass
+    (first -> migrated), which only edits imports, by the symbol tables, without another libcst parse."""
+    if _compiles(first) is not None:  # the import pass repaired it: check the end result in libcst's scopes
+        return _unbound_names(MetadataWrapper(cst.parse_module(migrated))) - _unbound_names(wrapper)
+    (unbound_first, imported_first), (unbound_migrated, imported_migrated) = _symbols(first), _symbols(migrated)
+    added = imported_migrated - imported_first  # `import torch`, added by the import pass before any use
+    return (_unbound_names(first_wrapper) - _unbound_names(wrapper) - added) | (unbound_migrated - unbound_first)
 
 
 def _todo_lines(code: bytes, todos: List[Todo]) -> List[int]:
@@ -124,9 +158,10 @@ def migrate_source(source: bytes, options: MigrateOptions = MigrateOptions()) ->
     migrated = second_wrapper.visit(Applier(imports.plan_all(plan.needs_torch))).bytes
     todos = sorted(plan.todos, key=lambda todo: todo.line)
     result = MigrationResult(source, migrated, todos, notes=list(plan.notes), setup=setup)
-    error = _compiles(migrated) if _compiles(source) is None else None
-    if error is None and migrated != source:
-        lost = _unbound_names(MetadataWrapper(cst.parse_module(migrated))) - _unbound_names(wrapper)
+    source_compiles = _compiles(source) is None
+    error = _compiles(migrated) if source_compiles else None
+    if error is None and source_compiles and migrated != source:
+        lost = _lost_names(wrapper, second_wrapper, first, migrated)
         if lost:
             error = f"it would read {', '.join(sorted(lost))} without defining it (a migrate bug: please report it)"
     if error is not None:

@@ -129,6 +129,36 @@ def test_a_folder_that_cannot_be_written_is_one_line_and_exit_3(tmp_path, capsys
         folder.chmod(0o755)
 
 
+def test_a_folder_refusing_new_files_is_one_line_and_exit_3(tmp_path, capsys, monkeypatch):
+    """What a read-only folder does to a non-root user, whoever runs the tests."""
+    from apexlite.migrate import writing
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(writing.tempfile, "mkstemp", refused)
+    script = tmp_path / "train.py"
+    script.write_bytes(SCRIPT.read_bytes())
+    assert cli.main([str(script), "--in-place"]) == 3
+    assert one_line_error(capsys) == (f"apexlite migrate: cannot write {script}: cannot create a file in {tmp_path}: "
+                                      "Permission denied; nothing written\n")
+    assert script.read_bytes() == SCRIPT.read_bytes()
+
+
+def test_a_full_disk_leaves_the_file_and_no_temporary(tmp_path, capsys, monkeypatch):
+    from apexlite.migrate import writing
+
+    def full(descriptor):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writing.os, "fsync", full)
+    script = tmp_path / "train.py"
+    script.write_bytes(SCRIPT.read_bytes())
+    assert cli.main([str(script), "--in-place"]) == 3
+    assert "No space left on device; it is unchanged" in one_line_error(capsys)
+    assert script.read_bytes() == SCRIPT.read_bytes() and [p.name for p in tmp_path.iterdir()] == ["train.py"]
+
+
 def test_a_destination_in_a_missing_folder_is_one_line_and_exit_3(tmp_path, capsys):
     assert cli.main([str(SCRIPT), "-o", str(tmp_path / "missing" / "out.py")]) == 3
     assert f"cannot create a file in {tmp_path / 'missing'}: No such file or directory" in one_line_error(capsys)

@@ -9,6 +9,7 @@ computed only when a line is first asked for.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple, Union
 
@@ -33,11 +34,12 @@ class ApexUse:
     written: str  # the dotted name it resolves to before canonicalisation (`apex.amp.scale_loss`)
     bound: str  # what its first name is bound to (`apex.amp` for `amp.scale_loss` after `from apex import amp`)
     star: bool = False  # its first name came from `from apex... import *`
-    analysis: Any = field(default=None, repr=False, compare=False)
+    analysis: Any = field(default=None, repr=False, compare=False)  # a weak reference: a use kept in a result
+    #                                                                 must not keep the whole analysis alive
 
     @property
     def line(self) -> int:
-        return self.analysis.line(self.node)
+        return self.analysis().line(self.node)
 
 
 class TreeIndex(cst.CSTVisitor):
@@ -226,7 +228,7 @@ class Analysis(cst.MetadataDependent):
             while isinstance(parent, cst.Attribute) and parent.value is node:
                 written += "." + parent.attr.value
                 node, parent = parent, self.parent(parent)
-            uses.append(ApexUse(node, apis.canonical(written), written, bound, from_star, self))
+            uses.append(ApexUse(node, apis.canonical(written), written, bound, from_star, weakref.ref(self)))
         uses.sort(key=lambda use: self.index.start[use.node])  # source order
         return uses
 

@@ -106,15 +106,16 @@ def _symbols(source: bytes) -> Tuple[Set[str], Set[str]]:
     return read - bound, imported
 
 
-def _lost_names(wrapper: MetadataWrapper, first_wrapper: MetadataWrapper, first: bytes, migrated: bytes) -> Set[str]:
-    """Names the migrated script reads without defining them where the original defined them. The rewrite
-    (source -> first) is checked in libcst's scopes, already computed for the import pass; the import pass
-    (first -> migrated), which only edits imports, by the symbol tables, without another libcst parse."""
+def _lost_names(unbound: Set[str], first_wrapper: MetadataWrapper, first: bytes, migrated: bytes) -> Set[str]:
+    """Names the migrated script reads without defining them where the original (whose unbound names are
+    `unbound`) defined them. The rewrite (source -> first) is checked in libcst's scopes, already computed
+    for the import pass; the import pass (first -> migrated), which only edits imports, by the symbol
+    tables, without another libcst parse."""
     if _compiles(first) is not None:  # the import pass repaired it: check the end result in libcst's scopes
-        return _unbound_names(MetadataWrapper(cst.parse_module(migrated))) - _unbound_names(wrapper)
+        return _unbound_names(MetadataWrapper(cst.parse_module(migrated))) - unbound
     (unbound_first, imported_first), (unbound_migrated, imported_migrated) = _symbols(first), _symbols(migrated)
     added = imported_migrated - imported_first  # `import torch`, added by the import pass before any use
-    return (_unbound_names(first_wrapper) - _unbound_names(wrapper) - added) | (unbound_migrated - unbound_first)
+    return (_unbound_names(first_wrapper) - unbound - added) | (unbound_migrated - unbound_first)
 
 
 def _todo_lines(code: bytes, todos: List[Todo]) -> List[int]:
@@ -153,15 +154,17 @@ def migrate_source(source: bytes, options: MigrateOptions = MigrateOptions()) ->
     wrapper, analysis = parse(source)
     plan, setup = plan_migration(analysis, options)
     first = wrapper.visit(Applier(plan)).bytes
+    todos, notes, needs_torch = sorted(plan.todos, key=lambda todo: todo.line), list(plan.notes), plan.needs_torch
+    unbound = _unbound_names(wrapper)
+    del wrapper, analysis, plan  # the first tree and its metadata go before the second parse: peak memory is one
     second_wrapper, second_analysis = parse(first)
     imports = ImportPlanner(second_analysis, keep_amp=setup is not None and setup.recipe == KEEP)
-    migrated = second_wrapper.visit(Applier(imports.plan_all(plan.needs_torch))).bytes
-    todos = sorted(plan.todos, key=lambda todo: todo.line)
-    result = MigrationResult(source, migrated, todos, notes=list(plan.notes), setup=setup)
+    migrated = second_wrapper.visit(Applier(imports.plan_all(needs_torch))).bytes
+    result = MigrationResult(source, migrated, todos, notes=notes, setup=setup)
     source_compiles = _compiles(source) is None
     error = _compiles(migrated) if source_compiles else None
     if error is None and source_compiles and migrated != source:
-        lost = _lost_names(wrapper, second_wrapper, first, migrated)
+        lost = _lost_names(unbound, second_wrapper, first, migrated)
         if lost:
             error = f"it would read {', '.join(sorted(lost))} without defining it (a migrate bug: please report it)"
     if error is not None:

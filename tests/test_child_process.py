@@ -7,6 +7,7 @@ import pytest
 
 from apexlite import child_process
 from apexlite.child_process import FAILED, OK, TIMEOUT, run_child
+from tests._helpers.child_process import process_alive
 
 EXCEPTION_LINES = [
     ("numpy noise first",
@@ -30,14 +31,6 @@ def test_exception_line_is_the_final_exception(name, stderr, expected):
     assert child_process.exception_line(stderr) == expected
 
 
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
 def test_run_child_ok_and_failed():
     assert run_child([sys.executable, "-c", "print('fine')"], timeout=60).status == OK
     failed = run_child([sys.executable, "-c", "import sys; sys.stderr.write('warning\\n'); raise KeyError('x')"],
@@ -57,4 +50,4 @@ def test_run_child_timeout_ends_the_whole_tree(tmp_path):
     outcome = run_child([sys.executable, "-c", script], timeout=8)
     assert outcome.status == TIMEOUT and outcome.exit_code is None
     assert outcome.error == "did not finish within 8s; killed with its child processes"
-    assert not _alive(int(pid_file.read_text()))
+    assert not process_alive(int(pid_file.read_text()))

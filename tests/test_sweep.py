@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from apexlite.sweep import options, plot, report, verdict
+from tests._helpers.child_process import process_alive
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -282,14 +283,6 @@ HANGS_OR_FAILS = textwrap.dedent("""
 """)
 
 
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_failed_run_shows_its_exception_and_a_timeout_kills_the_tree_but_keeps_its_steps(tmp_path):
     path, pid_file, out = tmp_path / "hang.py", tmp_path / "child.pid", tmp_path / "runs.json"
@@ -300,7 +293,7 @@ def test_failed_run_shows_its_exception_and_a_timeout_kills_the_tree_but_keeps_i
     assert rows["O1"]["status"] == "failed" and rows["O1"]["error"] == "exit code 1: ValueError: bad batch shape (8, 3)"
     assert rows["O2"]["status"] == "timeout" and rows["O2"]["steps"] == 5  # written on SIGTERM
     assert "measured 5 steps before that" in rows["O2"]["error"]
-    assert not _alive(int(pid_file.read_text()))  # the script's own child went with it
+    assert not process_alive(int(pid_file.read_text()))  # the script's own child went with it
     assert "O1 float16 failed: exit code 1: ValueError: bad batch shape (8, 3)" in result.stdout
 
 

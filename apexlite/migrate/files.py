@@ -5,7 +5,6 @@ given the bytes to write back (a notebook is rebuilt around its new cells) and a
 from __future__ import annotations
 
 import ast
-import logging
 import pathlib
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional
@@ -13,6 +12,7 @@ from typing import Dict, List, Mapping, Optional
 import libcst as cst
 
 from apexlite import check
+from apexlite._logging import get_logger
 from apexlite.migrate.engine import MigrationResult, migrate_sources
 from apexlite.migrate.options import MigrateOptions
 from apexlite.notebook import NotebookError
@@ -20,7 +20,7 @@ from apexlite.script_paths import Target
 from apexlite.script_program import Program, load_program
 from apexlite.script_source import ScriptSourceError
 
-log = logging.getLogger("apexlite.migrate")
+log = get_logger("migrate")
 
 MIGRATED, TODOS, NOT_REWRITTEN, UNCHANGED, REFUSED = "migrated", "TODOs", "not rewritten", "unchanged", "refused"
 BAD_INPUT_STATUS = 2

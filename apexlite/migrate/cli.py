@@ -144,6 +144,17 @@ def main(argv: List[str]) -> int:
     return _main_many(files, found, args)
 
 
+def _verify(item, args: argparse.Namespace, script_args: List[str], options, migrated_path, out) -> int:
+    """--verify's status; its report goes to `out`."""
+    if item.program.notebook is not None:
+        out.write("verify: skipped: --verify runs scripts, not notebooks\n")
+        return 1
+    from apexlite.migrate.verify import verify_migration
+
+    return verify_migration(item.path, item.result, script_args, args.max_steps, args.timeout, args.tolerance,
+                            options, migrated_path=migrated_path, out=out)
+
+
 def _main_one(item, args: argparse.Namespace, script_args: List[str], options) -> int:
     from apexlite.migrate.report import format_report
     from apexlite.migrate.writing import WriteError, write_atomically
@@ -152,7 +163,9 @@ def _main_one(item, args: argparse.Namespace, script_args: List[str], options) -
         sys.stderr.write(f"apexlite migrate: {item.refusal}\n")
         return item.exit_status
     report_stream = sys.stdout if (args.output or args.in_place) else sys.stderr
-    migrated_path = None
+    status, written, verify_report = item.exit_status, None, io.StringIO()
+    if args.verify and args.in_place:  # before the script is overwritten: the original must still be there
+        status = max(status, _verify(item, args, script_args, options, None, verify_report))
     if args.diff:
         sys.stdout.writelines(_diff(item, item.path))
         shown_as = item.path
@@ -168,24 +181,16 @@ def _main_one(item, args: argparse.Namespace, script_args: List[str], options) -
                 return WRITE_FAILED_STATUS
             if os.path.islink(shown_as):
                 shown_as = f"{shown_as} (a symlink: written to {written})"
-            migrated_path = written if args.output else None
     else:
         sys.stdout.flush()
         sys.stdout.buffer.write(item.output)
         sys.stdout.flush()
         shown_as = "<stdout>"
     locate = item.location if item.program.notebook is not None else None
-    report_stream.write(format_report(item.result, item.path, shown_as, locate))
-    status = item.exit_status
-    if args.verify:
-        if item.program.notebook is not None:
-            report_stream.write("verify: skipped: --verify runs scripts, not notebooks\n")
-            return max(status, 1)
-        from apexlite.migrate.verify import verify_migration
-
-        verified = verify_migration(item.path, item.result, script_args, args.max_steps, args.timeout,
-                                    args.tolerance, options, migrated_path=migrated_path, out=report_stream)
-        status = max(status, verified)
+    report_stream.write(format_report(item.result, item.path, shown_as, locate) + verify_report.getvalue())
+    if args.verify and not args.in_place:  # streamed: the runs take a while
+        status = max(status, _verify(item, args, script_args, options, written if args.output else None,
+                                     report_stream))
     return status
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from apexlite.migrate import cli
 
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("golden")
 NOTEBOOKS = Path(__file__).with_name("notebooks")
 SCRIPT = GOLDEN / "o1_runtime_device.in.py"
@@ -251,3 +252,15 @@ def test_exit_statuses_are_documented_in_help(capsys):
     out = capsys.readouterr().out
     for code, meaning in cli.EXIT_STATUSES:
         assert f"  {code}  {meaning}" in out
+
+
+@pytest.mark.slow
+def test_verify_in_place_runs_the_original_before_it_is_overwritten(tmp_path, capsys):
+    script = tmp_path / "accumulate.py"
+    script.write_bytes((ROOT / "examples" / "grad_accumulation_amp.py").read_bytes())
+    status = cli.main([str(script), "--opt-level", "O1", "--in-place", "--verify", "--max-steps", "3", "--",
+                       "--steps", "3"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "verify: original (apexlite run, O1): ok, 3 steps" in out and "verdict: AGREE" in out
+    assert b"from apex" not in script.read_bytes()

@@ -3,8 +3,8 @@
 A notebook is JSON (nbformat 4: {"cells": [{"cell_type": "code", "source": text or lines}, ...]}); nbformat
 itself is not needed. Its code cells run in one kernel and share its state, so they are read as one
 program: cell after cell, each after a marker comment naming it. IPython's lines that are not Python
-(`%magic`, `!shell`, `obj?`) become a `pass` placeholder of the same indentation, restored on the way
-back; a cell whose cell magic does not run its body as Python (`%%bash`, `%%writefile`, ...) stays out of
+(`%magic`, `!shell`, `obj?`, and the continuation lines of one ending in a backslash) become a `pass`
+placeholder of the same indentation, restored on the way back; a cell whose cell magic does not run its body as Python (`%%bash`, `%%writefile`, ...) stays out of
 the program and is kept as it is. Writing back changes only code cells' sources: outputs, metadata and
 the other cells are kept, and so is the JSON layout when it is one `json.dumps` can reproduce
 (nbformat's own, indent 1 and sorted keys, among them); otherwise nbformat's layout is used and said.
@@ -55,7 +55,7 @@ class Notebook:
     final_newline: bool
     program_cells: List[int] = field(default_factory=list)  # indices (0-based) of cells in the program
     kept_cells: List[Tuple[int, str]] = field(default_factory=list)  # (index, cell magic) kept out of it
-    magics: List[str] = field(default_factory=list)  # the original text of each placeholder line
+    magics: List[Tuple[str, str]] = field(default_factory=list)  # each placeholder's line and indent
 
     @property
     def cells(self) -> List[Dict[str, Any]]:
@@ -75,11 +75,13 @@ class Notebook:
                 continue
             self.program_cells.append(index)
             lines.append(CELL_MARKER.format(index))
+            continued_indent: Optional[str] = None  # a `!cmd \` line's indent while its continuation lasts
             for line in text.split("\n"):
-                if _is_ipython_line(line):
-                    indent = line[:len(line) - len(line.lstrip())]
+                if continued_indent is not None or _is_ipython_line(line):
+                    indent = continued_indent if continued_indent is not None else line[:len(line) - len(line.lstrip())]
                     lines.append(indent + _MAGIC_PLACEHOLDER.format(len(self.magics)))
-                    self.magics.append(line)
+                    self.magics.append((line, indent))
+                    continued_indent = indent if line.endswith("\\") else None
                 else:
                     lines.append(line)
         return ("\n".join(lines) + "\n").encode("utf-8")
@@ -130,9 +132,9 @@ class Notebook:
             if current is None:  # lines the rewrite put above the first cell go into it
                 current = pieces.setdefault(self.program_cells[0], [])
             magic = _MAGIC.match(line)
-            if magic:
-                original = self.magics[int(magic.group(2))]
-                line = magic.group(1) + original.lstrip()
+            if magic:  # the original line, moved by as much as the rewrite moved its placeholder
+                original, indent = self.magics[int(magic.group(2))]
+                line = magic.group(1) + original[len(indent):]
             current.append(line)
         if sorted(pieces) != sorted(self.program_cells):
             raise NotebookError("the rewrite lost the boundaries between cells; the notebook is kept as it was")

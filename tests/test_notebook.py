@@ -40,10 +40,12 @@ def test_program_is_the_code_cells_in_order_with_ipython_lines_held_apart():
 @pytest.mark.parametrize("final_newline", [True, False])
 def test_unchanged_program_rebuilds_the_same_bytes(layout, final_newline):
     cells = [code("x = 1\n\n"), code("y = 'é'", as_list=False), code(""), code("%time z = 2\nfor i in range(2):\n"
-                                                                              "    !echo {i}\n")]
+                                                                              "    !echo {i}\n"),
+             code("! cd /tmp && \\\n    make install\n!echo done \\\nnext\nw = 3")]
     data = notebook(cells, layout=layout, final_newline=final_newline)
     book = read_notebook(data, "nb.ipynb")
     assert book.layout is not None  # a layout json.dumps reproduces (sorted keys may match unsorted ones)
+    compile(book.program(), "program", "exec")  # IPython lines, continuations included, are out of the way
     assert book.rebuilt(book.program()) == data
 
 

@@ -86,6 +86,11 @@ class Notebook:
                     lines.append(line)
         return ("\n".join(lines) + "\n").encode("utf-8")
 
+    def kept_cells_naming_apex(self) -> List[Tuple[int, str]]:
+        """(index, cell magic) of the cells kept out of the program whose text names apex (after program())."""
+        return [(index, magic) for index, magic in self.kept_cells
+                if any(root in _source_text(self.cells[index]) for root in ("apex", "amp_C"))]
+
     def cell_of_line(self, program_line: int, program: bytes) -> Tuple[int, int]:
         """(cell number from 1, line in that cell from 1) of a line of `program` (this notebook's program,
         or its migration)."""

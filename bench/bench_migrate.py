@@ -95,7 +95,8 @@ def markdown(rows: List[Dict[str, object]], runs: int) -> str:
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     note = (f"Medians of {runs} fresh processes per size ({machine}; {datetime.date.today()}), from "
             "`python bench/bench_migrate.py --runs {runs}`. Start-up (importing the engine) is not counted.")
-    return "\n".join([*head, *body, "", note.replace("{runs}", str(runs))])
+    title = "## `apexlite migrate`: cost against script length (CPU)"
+    return "\n".join([title, "", *head, *body, "", note.replace("{runs}", str(runs))])
 
 
 def main() -> None:

@@ -121,6 +121,9 @@ def _output(item: FileMigration) -> bytes:
     program, result = item.program, item.result
     if program.notebook is None:
         return result.migrated
+    for index, magic in program.notebook.kept_cells_naming_apex():
+        result.notes.append(f"cell {index + 1} ({magic}) is not Python the kernel runs, so it is kept as it is; "
+                            "migrate what it writes or runs on its own")
     if not result.changed:
         return program.data
     try:

@@ -30,6 +30,7 @@ def test_a_notebook_is_migrated_as_one_program_and_written_back(tmp_path, capsys
     assert cli.main([str(notebook), "--in-place"]) == 0
     out = capsys.readouterr().out
     assert "migrated completely (opt_level O1: torch.autocast(float16) + torch.amp.GradScaler)" in out
+    assert "note: cell 6 (%%bash) is not Python the kernel runs, so it is kept as it is" in out
     before, after = json.loads((NOTEBOOKS / "amp_training.ipynb").read_text()), json.loads(notebook.read_text())
     changed = [i for i, (a, b) in enumerate(zip(before["cells"], after["cells"])) if a != b]
     assert changed == [1, 2, 4]  # the three code cells that used amp; markdown, outputs, magics kept

@@ -334,7 +334,7 @@ def test_non_regular_files_are_refused_without_opening(tmp_path, capsys):
     os.mkfifo(fifo)  # opening it for reading would block until a writer appears
     link = tmp_path / "zero.py"
     link.symlink_to("/dev/zero")  # reading it would never end
-    for path, kind in [(fifo, "a FIFO"), (link, "a character device"), (tmp_path, "a directory")]:
+    for path, kind in [(fifo, "a FIFO"), (link, "a character device")]:
         assert check.main([str(path)]) == 4
         assert kind in _one_line_error(capsys)
 
@@ -399,3 +399,63 @@ def test_scan_follows_apexs_extension_modules_imported_by_name_or_by_importlib()
     assert rows["xentropy_cuda"][1].startswith("refused: ") and "cross_entropy" in rows["xentropy_cuda"][1]
     assert rows["apex_C"] == ([22], "supported")
     assert check._exit_status(check.scan(EXTENSIONS_SAMPLE)) == 1
+
+
+@pytest.mark.parametrize("source,message", [
+    (b"x = 1\nreturn x\n", "'return' outside function (line 2)"),
+    (b"def f():\n    nonlocal y\n", "no binding for nonlocal 'y' found (line 2)"),
+])
+def test_files_only_the_compiler_refuses_are_refused(tmp_path, capsys, source, message):
+    """ast.parse accepts these; Python refuses to run them, so check does too."""
+    path = tmp_path / "script.py"
+    path.write_bytes(source)
+    assert check.main([str(path)]) == 3
+    assert message in _one_line_error(capsys)
+
+
+NOTEBOOK = ROOT / "tests" / "migrate" / "notebooks" / "amp_training.ipynb"
+
+
+def test_a_notebook_is_read_cell_by_cell(capsys):
+    assert check.main([str(NOTEBOOK)]) == 0
+    out = capsys.readouterr().out
+    assert "3 APIs to know about" in out
+    assert "apex.amp.scale_loss  cell 5 line 7: differs" in out and "apex.amp             cell 2 line 4" in out
+
+
+def test_a_notebook_under_another_name_is_still_a_notebook(tmp_path, capsys):
+    """nbformat JSON parses as a Python expression: read as a script it would 'use no apex API'."""
+    path = tmp_path / "training.json"
+    path.write_bytes(NOTEBOOK.read_bytes())
+    assert check.main([str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {entry["api"]: entry["lines"] for entry in report["apis"]}["apex.amp.initialize"] == [[3, 4]]
+
+
+def test_text_that_is_not_python_gets_a_hint(tmp_path, capsys):
+    path = tmp_path / "README.md"
+    path.write_text("# Training\n\nRun `python train.py`.\n")
+    assert check.main([str(path)]) == 3
+    assert "check and migrate read Python scripts (.py) and Jupyter notebooks (.ipynb)" in _one_line_error(capsys)
+
+
+def test_a_folder_lists_the_files_that_use_apex_and_exits_with_the_highest_status(tmp_path, capsys):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "train.py").write_text("from apex import amp\namp.initialize\n")
+    (tmp_path / "pkg" / "rnn.py").write_text("from apex import RNN\n")
+    (tmp_path / "util.py").write_text("import os\n")
+    (tmp_path / "broken.py").write_text("def (:\n")
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "apex_copy.py").write_text("from apex import RNN\n")
+    assert check.main([str(tmp_path)]) == 3
+    out = capsys.readouterr().out
+    assert f"{tmp_path / 'pkg' / 'train.py'}: 2 APIs to know about" in out
+    assert f"{tmp_path / 'pkg' / 'rnn.py'}: 1 APIs to know about" in out
+    assert "util.py" not in out and "apex_copy" not in out
+    assert f"{tmp_path / 'broken.py'}: refused: " in out
+    assert out.rstrip().endswith("total: 4 file(s) read: 2 use apex APIs, 1 use none, 1 refused; skipped: 1 folder(s) "
+                                 "(.venv)")
+    (tmp_path / "broken.py").unlink()
+    assert check.main([str(tmp_path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert [entry["exit_status"] for entry in report["files"]] == [1, 0, 0] and report["exit_status"] == 1

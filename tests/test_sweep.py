@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from apexlite.sweep import options, plot, process, report, verdict
+from apexlite.sweep import options, plot, report, verdict
+from tests._helpers.child_process import process_alive
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,28 +84,6 @@ def test_o0_runs_once_and_repeats_alternate_their_order():
 
 
 # --- one run's outcome ---------------------------------------------------------------------------
-EXCEPTION_LINES = [
-    ("numpy noise first",
-     "/x/torch/functional_tensor.py:368: UserWarning: Failed to initialize NumPy\n  cpu = f()\n"
-     "Traceback (most recent call last):\n  File \"t.py\", line 3, in <module>\n    f()\n"
-     "ValueError: bad shape (8, 3)\n", "ValueError: bad shape (8, 3)"),
-    ("chained: the last exception",
-     "Traceback (most recent call last):\n  File \"a\", line 1\nKeyError: 'x'\n\nDuring handling of the above "
-     "exception, another exception occurred:\n\nTraceback (most recent call last):\n  File \"b\", line 2\n"
-     "RuntimeError: while handling\n", "RuntimeError: while handling"),
-    ("noise after the traceback",
-     "Traceback (most recent call last):\n  File \"a\", line 1\nOSError: disk full\nprofiler_stop\n",
-     "OSError: disk full"),
-    ("no traceback: sys.exit(message)", "step 1\nstopping: no data left\n", "stopping: no data left"),
-    ("nothing at all", "", "no error output"),
-]
-
-
-@pytest.mark.parametrize("name,stderr,expected", EXCEPTION_LINES, ids=[case[0] for case in EXCEPTION_LINES])
-def test_exception_line_is_the_final_exception(name, stderr, expected):
-    assert process.exception_line(stderr) == expected
-
-
 def _telemetry(**fields):
     base = dict(steps=20, applied_steps=20, skipped_steps=0, measured_steps=17, step_time_ms=10.0,
                 step_time_ms_iqr=1.0, peak_tensor_mb=5.0, state_bytes_per_param=16.0, max_rss_mb=300.0,
@@ -304,14 +283,6 @@ HANGS_OR_FAILS = textwrap.dedent("""
 """)
 
 
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_failed_run_shows_its_exception_and_a_timeout_kills_the_tree_but_keeps_its_steps(tmp_path):
     path, pid_file, out = tmp_path / "hang.py", tmp_path / "child.pid", tmp_path / "runs.json"
@@ -322,7 +293,7 @@ def test_failed_run_shows_its_exception_and_a_timeout_kills_the_tree_but_keeps_i
     assert rows["O1"]["status"] == "failed" and rows["O1"]["error"] == "exit code 1: ValueError: bad batch shape (8, 3)"
     assert rows["O2"]["status"] == "timeout" and rows["O2"]["steps"] == 5  # written on SIGTERM
     assert "measured 5 steps before that" in rows["O2"]["error"]
-    assert not _alive(int(pid_file.read_text()))  # the script's own child went with it
+    assert not process_alive(int(pid_file.read_text()))  # the script's own child went with it
     assert "O1 float16 failed: exit code 1: ValueError: bad batch shape (8, 3)" in result.stdout
 
 

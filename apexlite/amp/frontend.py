@@ -30,6 +30,7 @@ from apexlite.amp.transaction import InitializeTransaction
 
 OPT_LEVEL_ENV = "APEXLITE_OPT_LEVEL"
 DTYPE_ENV = "APEXLITE_DTYPE"
+LOSS_SCALE_ENV = "APEXLITE_LOSS_SCALE"
 DTYPE_NAMES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -65,6 +66,24 @@ def _apply_environment(opt_level: Any, dtype: Any) -> Tuple[Any, torch.dtype]:
     return opt_level, parse_dtype(torch.float16 if dtype is None else dtype)
 
 
+def _loss_scale_from_environment(loss_scale: Any) -> Any:
+    """APEXLITE_LOSS_SCALE=N|dynamic replaces the script's loss_scale for every loss (`migrate --verify` runs
+    the original under one static scale this way)."""
+    env_scale = os.environ.get(LOSS_SCALE_ENV, "").strip()
+    if not env_scale:
+        return loss_scale
+    if env_scale != "dynamic":
+        try:
+            valid = 0 < float(env_scale) < float("inf")
+        except ValueError:
+            valid = False
+        if not valid:
+            raise AmpConfigError(f"{LOSS_SCALE_ENV} must be 'dynamic' or a finite number > 0; got {env_scale!r}. "
+                                 "Unset it or fix it.")
+    log.info("%s=%s overrides loss_scale=%r", LOSS_SCALE_ENV, env_scale, loss_scale)
+    return env_scale
+
+
 def _as_list(value: Any) -> Tuple[List[Any], bool]:
     """(items, whether the caller passed a list) so results come back in the caller's shape."""
     if isinstance(value, list):
@@ -87,6 +106,7 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
     apply and earlier models and optimizers keep working. All-or-nothing: a failed call changes nothing.
     """
     opt_level, low_dtype = _apply_environment(opt_level, dtype)
+    loss_scale = _loss_scale_from_environment(loss_scale)
     checks.check_scalar_arguments(num_losses, verbosity, min_loss_scale, max_loss_scale)
     checks.check_max_nonfinite_losses(max_nonfinite_losses)
     existing = current_session(required=False)

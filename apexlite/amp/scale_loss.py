@@ -54,7 +54,7 @@ def scale_loss(loss: torch.Tensor, optimizers: Any, loss_id: int = 0, model: Any
 def scaled_backward(session: AmpSession, loss: torch.Tensor, amp_optimizers: List[Any], scaler: LossScaler,
                     loss_id: int, delay_unscale: bool, as_float: bool = True) -> Iterator[torch.Tensor]:
     """The body of every scale_loss (`amp.scale_loss`, the handle's and OptimWrapper's)."""
-    session.stats.record_loss(loss)
+    session.stats.record_loss(loss, scaler.loss_scale())
     # The forward is over: the graph keeps the casts it saved, and the cache letting go of them now
     # lets backward free each one as soon as its node has run (as torch.autocast's cache does).
     session.release_casts()

@@ -96,7 +96,7 @@ class RunStats:
         self.loss_scale: Optional[float] = None
         # samples, bounded however long the run is
         self.step_times = Reservoir()
-        self.loss_curve = DownsampledCurve()  # (step the loss feeds, loss tensor)
+        self.loss_curve = DownsampledCurve()  # (step the loss feeds, loss tensor, loss scale or None)
         self.skipped_at = DownsampledCurve()  # step numbers of skipped steps
         self._recent_losses: collections.deque = collections.deque(maxlen=FINAL_LOSS_WINDOW)
         self._nonfinite_losses: Optional[torch.Tensor] = None  # device-side count, no sync per step
@@ -123,7 +123,8 @@ class RunStats:
         self.report_path = report_path
 
     # --- recording (called by scale_loss, the session and AmpOptimizer) ---------------------------
-    def record_loss(self, loss: torch.Tensor) -> None:
+    def record_loss(self, loss: torch.Tensor, scale: Optional[float] = None) -> None:
+        """One loss given to scale_loss, and the loss scale that multiplies it (a host float: no sync)."""
         self.scale_loss_calls += 1
         value = loss.detach()
         if self.first_loss is None:
@@ -132,7 +133,7 @@ class RunStats:
         if not self.keep_samples:
             return
         self._recent_losses.append(value)
-        self.loss_curve.add((self.total_steps + 1, value))
+        self.loss_curve.add((self.total_steps + 1, value, scale))
         if self.total_steps >= NONFINITE_GRACE_STEPS:
             bad = torch.isfinite(value).logical_not().sum()
             self._nonfinite_losses = bad if self._nonfinite_losses is None else self._nonfinite_losses + bad
@@ -215,7 +216,7 @@ class RunStats:
     def report(self) -> Dict[str, Any]:
         """A JSON-ready summary (floats that are not finite become None; counts say why)."""
         quartiles = self.step_times.quartiles()
-        curve = [[step, _finite(_as_float(loss))] for step, loss in self.loss_curve.points]
+        curve = [[step, _finite(_as_float(loss))] for step, loss, _ in self.loss_curve.points]
         first_bad = next((step for step, value in curve if value is None), None)
         recent = [_as_float(loss) for loss in self._recent_losses]
         return {
@@ -242,6 +243,7 @@ class RunStats:
             "nonfinite_losses": int(self._nonfinite_losses) if self._nonfinite_losses is not None else 0,
             "first_nonfinite_loss_step": first_bad,
             "loss_curve": curve,
+            "loss_scale_curve": [[step, scale] for step, _, scale in self.loss_curve.points],
             "loss_scale": _finite(self.loss_scale),
             "casts_per_iteration": (self.total_casts / self.iterations_with_casts
                                     if self.iterations_with_casts else 0.0),

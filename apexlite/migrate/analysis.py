@@ -1,16 +1,22 @@
 """What a script does with apex, read from libcst's metadata: every use of an apex name, resolved through
 imports and scopes to the API it is (apexlite.migrate.apis), plus the tree questions the planners ask
 (which statement holds a node, which block holds a statement, whether two names are one binding).
+
+Cost is linear in the script's length and paid once: one traversal indexes the tree (parents, source
+order, each subtree's extent, so every later walk is a slice), scopes and expression contexts come from
+libcst, qualified names are asked of the scopes only for names an apex import binds, and positions are
+computed only when a line is first asked for.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Set, Tuple, Union
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 from libcst.metadata import (
-    ExpressionContext, ExpressionContextProvider, MetadataWrapper, ParentNodeProvider, PositionProvider,
-    QualifiedNameProvider, QualifiedNameSource, ScopeProvider,
+    ExpressionContext, ExpressionContextProvider, MetadataWrapper, PositionProvider, QualifiedName,
+    QualifiedNameSource, ScopeProvider,
 )
 
 from apexlite.migrate import apis
@@ -27,35 +33,86 @@ class ApexUse:
     api: str  # canonical (apis.canonical)
     written: str  # the dotted name it resolves to before canonicalisation (`apex.amp.scale_loss`)
     bound: str  # what its first name is bound to (`apex.amp` for `amp.scale_loss` after `from apex import amp`)
-    line: int
     star: bool = False  # its first name came from `from apex... import *`
+    analysis: Any = field(default=None, repr=False, compare=False)  # a weak reference: a use kept in a result
+    #                                                                 must not keep the whole analysis alive
+
+    @property
+    def line(self) -> int:
+        return self.analysis().line(self.node)
+
+
+class TreeIndex(cst.CSTVisitor):
+    """One traversal of a module: every node's parent, the nodes in source order, and where each node's
+    subtree ends in that order (so the nodes inside any node are a slice)."""
+
+    def __init__(self, module: cst.Module) -> None:
+        super().__init__()
+        self.parent: Dict[cst.CSTNode, cst.CSTNode] = {}
+        self.order: List[cst.CSTNode] = []
+        self.start: Dict[cst.CSTNode, int] = {}
+        self.end: Dict[cst.CSTNode, int] = {}
+        self._stack: List[cst.CSTNode] = []
+        module.visit(self)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self._stack:
+            self.parent[node] = self._stack[-1]
+        self.start[node] = len(self.order)
+        self.order.append(node)
+        self._stack.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self._stack.pop()
+        self.end[original_node] = len(self.order)
+
+    def inside(self, node: cst.CSTNode) -> Optional[List[cst.CSTNode]]:
+        """`node` and every node inside it, in source order (None for a node of another tree)."""
+        start = self.start.get(node)
+        return None if start is None else self.order[start:self.end[node]]
 
 
 class Analysis(cst.MetadataDependent):
     """Metadata of one parsed script and the apex uses in it."""
 
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, ParentNodeProvider, PositionProvider,
-                             ExpressionContextProvider)
+    METADATA_DEPENDENCIES = (ScopeProvider, ExpressionContextProvider)
 
     def __init__(self, wrapper: MetadataWrapper) -> None:
         super().__init__()
+        self.wrapper = wrapper
         self.module = wrapper.module
         self.metadata = wrapper.resolve_many(self.METADATA_DEPENDENCIES)
+        self.index = TreeIndex(self.module)
+        self._positions: Optional[Any] = None
         self.identifiers: Set[str] = {node.value for node in self.nodes(cst.Name)}
         self.uses: List[ApexUse] = self._collect_uses()
 
     # --- generic questions --------------------------------------------------------------------------
     def nodes(self, kind) -> Iterator[cst.CSTNode]:
-        return (node for node in self.metadata[ParentNodeProvider] if isinstance(node, kind))
+        """Every node of the given kinds in the module, in source order."""
+        return (node for node in self.index.order[1:] if isinstance(node, kind))
+
+    def walk(self, node: cst.CSTNode, kinds) -> Iterator[cst.CSTNode]:
+        """Every node of the given kinds inside `node` (itself included), in source order."""
+        inside = self.index.inside(node)
+        if inside is None:
+            return _walk(node, kinds)
+        return (found for found in inside if isinstance(found, kinds))
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        return self.get_metadata(ParentNodeProvider, node, None)
+        return self.index.parent.get(node)
+
+    def _start(self, node: cst.CSTNode):
+        if self._positions is None:  # computed for the whole module the first time a line is asked for
+            self._positions = self.wrapper.resolve(PositionProvider)
+        return self._positions[node].start
 
     def line(self, node: cst.CSTNode) -> int:
-        return self.get_metadata(PositionProvider, node).start.line
+        return self._start(node).line
 
     def position(self, node: cst.CSTNode) -> Tuple[int, int]:
-        start = self.get_metadata(PositionProvider, node).start
+        start = self._start(node)
         return start.line, start.column
 
     def code(self, node: cst.CSTNode) -> str:
@@ -133,12 +190,12 @@ class Analysis(cst.MetadataDependent):
 
     def loaded_names(self, node: cst.CSTNode) -> Set[str]:
         """Names read anywhere inside `node`."""
-        return {name.value for name in _walk(node, cst.Name) if self.is_load(name)}
+        return {name.value for name in self.walk(node, cst.Name) if self.is_load(name)}
 
     def assigned_names(self, node: cst.CSTNode) -> Set[str]:
         """Names bound anywhere inside `node` (nested functions and classes included by their own name)."""
         names: Set[str] = set()
-        for name in _walk(node, cst.Name):
+        for name in self.walk(node, cst.Name):
             context = self.get_metadata(ExpressionContextProvider, name, None)
             if context is ExpressionContext.STORE:
                 names.add(name.value)
@@ -147,7 +204,7 @@ class Analysis(cst.MetadataDependent):
     def dotted_uses(self, node: cst.CSTNode) -> Set[str]:
         """The text of every Name/Attribute chain read inside `node` (`model`, `self.model`, ...)."""
         found: Set[str] = set()
-        for part in _walk(node, (cst.Name, cst.Attribute)):
+        for part in self.walk(node, (cst.Name, cst.Attribute)):
             text = dotted_text(part)
             if text is not None:
                 found.add(text)
@@ -157,24 +214,47 @@ class Analysis(cst.MetadataDependent):
     def _collect_uses(self) -> List[ApexUse]:
         uses: List[ApexUse] = []
         star = self._star_imported()
+        candidates = self._apex_bound_names() | set(star)
         for name in self.nodes(cst.Name):
-            if self._in_import(name) or self._is_attribute_name(name):
+            if name.value not in candidates or self._in_import(name) or self._is_attribute_name(name):
                 continue
-            written = self._apex_name(name, star)
+            qualified = self.qualified_names(name)
+            written = self._apex_name(name, qualified, star)
             if written is None:
                 continue
-            bound, from_star = written, not self.get_metadata(QualifiedNameProvider, name, set())
+            bound, from_star = written, not qualified
             node: DottedNode = name
             parent = self.parent(node)
             while isinstance(parent, cst.Attribute) and parent.value is node:
                 written += "." + parent.attr.value
                 node, parent = parent, self.parent(parent)
-            uses.append(ApexUse(node, apis.canonical(written), written, bound, self.line(node), from_star))
-        uses.sort(key=lambda use: (use.line, self.get_metadata(PositionProvider, use.node).start.column))
+            uses.append(ApexUse(node, apis.canonical(written), written, bound, from_star, weakref.ref(self)))
+        uses.sort(key=lambda use: self.index.start[use.node])  # source order
         return uses
 
-    def _apex_name(self, name: cst.Name, star: Dict[str, str]) -> Optional[str]:
-        qualified = self.get_metadata(QualifiedNameProvider, name, set())
+    def _apex_bound_names(self) -> Set[str]:
+        """Every name an apex import binds: the first name of any apex use is one of them."""
+        names: Set[str] = set()
+        for node in self.nodes((cst.Import, cst.ImportFrom)):
+            if isinstance(node, cst.ImportFrom):
+                module = dotted_text(node.module) if node.module is not None and not node.relative else None
+                if module and apis.is_apex_name(module) and not isinstance(node.names, cst.ImportStar):
+                    names.update(dotted_text(alias.asname.name if alias.asname else alias.name) or ""
+                                 for alias in node.names)
+                continue
+            for alias in node.names:
+                imported = dotted_text(alias.name) or ""
+                if apis.is_apex_name(imported):
+                    names.add(dotted_text(alias.asname.name) if alias.asname else imported.split(".")[0])
+        return names
+
+    def qualified_names(self, node: cst.CSTNode) -> Set[QualifiedName]:
+        """What libcst's QualifiedNameProvider gives for `node` (a name or attribute), asked of its scope for
+        this one node instead of a pass over the whole module."""
+        scope = self.scope(node)
+        return set(scope.get_qualified_names_for(node)) if scope is not None else set()
+
+    def _apex_name(self, name: cst.Name, qualified: Set[QualifiedName], star: Dict[str, str]) -> Optional[str]:
         imported = [q.name for q in qualified if q.source is QualifiedNameSource.IMPORT and apis.is_apex_name(q.name)]
         if imported:
             return sorted(imported)[0]
@@ -219,11 +299,6 @@ def _walk(node: cst.CSTNode, kinds) -> Iterator[cst.CSTNode]:
         stack.extend(reversed(current.children))
 
 
-def walk(node: cst.CSTNode, kinds) -> Iterator[cst.CSTNode]:
-    """Every node of the given kinds inside `node` (itself included), in source order."""
-    return _walk(node, kinds)
-
-
 def dotted_text(node: cst.CSTNode) -> Optional[str]:
     """`a.b.c` for a pure Name/Attribute chain, else None."""
     if isinstance(node, cst.Name):
@@ -242,5 +317,5 @@ def base_name(node: cst.CSTNode) -> Optional[cst.Name]:
 
 def parse(source: bytes) -> Tuple[MetadataWrapper, Analysis]:
     """Parse `source` (raises libcst.ParserSyntaxError) and analyse it."""
-    wrapper = MetadataWrapper(cst.parse_module(source))
+    wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)  # a fresh tree: no copy needed
     return wrapper, Analysis(wrapper)

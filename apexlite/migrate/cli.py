@@ -1,31 +1,34 @@
-"""`python -m apexlite migrate SCRIPT [-o OUT | --diff | --in-place] [--verify [--max-steps N]] [-- ARGS]`.
+"""`python -m apexlite migrate PATH... [-o OUT | --diff | --in-place] [--verify [--max-steps N]] [-- ARGS]`.
 
 Imports libcst only after the options are read, so `--help` works without it and a missing extra is
-one clear line (exit 2), not a traceback. The migrated script goes to stdout (the report then goes to stderr), to OUT,
-or over SCRIPT; `--diff` prints a unified diff instead. Exit status: 0 migrated completely (and, with
---verify, trained like the original), 1 TODOs left / the rewrite did not compile / verify disagreed,
-2 bad input (missing, a directory, not Python) or bad options.
+one clear line (exit 2), not a traceback. A PATH is a script, a Jupyter notebook or a folder (every .py
+and .ipynb under it: apexlite.script_paths); all files are migrated together (apexlite.migrate.files).
+One file: the migrated script goes to stdout (the report then goes to stderr), to OUT, or over SCRIPT
+(through a symlink to its target); `--diff` prints a unified diff instead. Several files: one summary
+table, and -o names a folder that receives the tree, `--in-place` writes every changed file, `--diff`
+prints every diff; with none of them nothing is written. Errors are one line each; the exit statuses
+are EXIT_STATUSES (the highest of any file when there are several).
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import difflib
 import io
 import os
 import sys
-import tempfile
 import tokenize
-from typing import List, TextIO, Tuple
-
-from apexlite.script_source import ScriptSourceError, read_source_bytes
+from typing import Dict, List, Tuple
 
 INSTALL_HINT = "apexlite migrate needs libcst: pip install 'apexlite[migrate]'"
 EXIT_STATUSES = (
-    (0, "the script was migrated completely (and --verify found it trains like the original)"),
-    (1, "TODOs were left, the rewrite did not compile (the original is kept), or --verify disagreed"),
-    (2, "bad input (missing, not a regular file, not Python) or bad options, or libcst is missing"),
+    (0, "migrated completely, or nothing to migrate (and --verify found it trains like the original)"),
+    (1, "TODOs were left, a rewrite was refused as unsound (the original is kept), or --verify disagreed"),
+    (2, "bad input (missing, not a regular file, not Python source nor a Python notebook) or bad options, "
+        "or libcst is missing"),
+    (3, "an output could not be written (permissions, a read-only folder, a full disk); what was not written "
+        "is unchanged"),
 )
+WRITE_FAILED_STATUS = 3
 DEFAULT_MAX_STEPS = 20
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -34,18 +37,24 @@ def _parser() -> argparse.ArgumentParser:
     from apexlite.migrate.options import DEFAULT_TOLERANCE, O2_CHOICES
 
     epilog = "exit status:\n" + "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_STATUSES)
+    epilog += "\n  with several files, the highest status of any of them"
     parser = argparse.ArgumentParser(
         prog="python -m apexlite migrate", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog,
-        usage="python -m apexlite migrate SCRIPT [-o OUT | --diff | --in-place] [options] [--verify [--max-steps N]]"
+        usage="python -m apexlite migrate PATH... [-o OUT | --diff | --in-place] [options] [--verify [--max-steps N]]"
               " [-- SCRIPT_ARGS...]",
-        description="Rewrite a legacy apex.amp script into native torch.amp (torch.autocast + torch.amp.GradScaler) "
+        description="Rewrite legacy apex.amp scripts into native torch.amp (torch.autocast + torch.amp.GradScaler) "
                     "and torch's optimizers/DDP/norms, keeping everything else byte for byte. Places it cannot "
-                    "rewrite with certainty keep their code and get a `# TODO(apexlite migrate): ...` comment.")
-    parser.add_argument("script")
+                    "rewrite with certainty keep their code and get a `# TODO(apexlite migrate): ...` comment. "
+                    "PATH is a script, a Jupyter notebook (its code cells, migrated as one program) or a folder "
+                    "(every .py and .ipynb under it, skipping hidden folders, environments, build and dist).")
+    parser.add_argument("paths", nargs="+", metavar="PATH")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("-o", "--output", metavar="OUT", help="write the migrated script to OUT (default: stdout)")
+    where.add_argument("-o", "--output", metavar="OUT",
+                       help="write the migrated script to OUT (default: stdout); with several files or a folder, "
+                            "OUT is a folder that receives them under their relative paths")
     where.add_argument("--diff", action="store_true", help="print a unified diff instead of the script")
-    where.add_argument("--in-place", action="store_true", help="overwrite SCRIPT with the migrated script")
+    where.add_argument("--in-place", action="store_true",
+                       help="overwrite each file that changes (a symlink: the file it points to; the link stays)")
     parser.add_argument("--opt-level", choices=("O0", "O1", "O2", "O3"),
                         help="the opt level to migrate for where the script picks it at run time "
                              "(opt_level=args.opt_level)")
@@ -104,80 +113,117 @@ def migrate_options(args: argparse.Namespace):
     return MigrateOptions(opt_level=args.opt_level, loss_scale=args.loss_scale, o2=args.o2)
 
 
-def _write_atomically(path: str, data: bytes) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, temporary = tempfile.mkstemp(prefix=".apexlite-migrate-", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        if os.path.exists(path):
-            os.chmod(temporary, os.stat(path).st_mode & 0o7777)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-
-
-def _report(result, script: str, shown_as: str, out: TextIO, todo_lines_in_original: bool = False) -> None:
-    from apexlite.migrate.report import format_report
-
-    out.write(format_report(result, script, shown_as, todo_lines_in_original))
-
-
 def main(argv: List[str]) -> int:
     """Entry point of `python -m apexlite migrate`."""
     args, script_args = parse_arguments(argv)
     try:
-        import libcst
+        import libcst  # noqa: F401  (the extra is there: everything below may use it)
     except ImportError:
         sys.stderr.write(INSTALL_HINT + "\n")
         return 2
+    from apexlite.migrate.files import load, migrate_all
+    from apexlite.script_paths import collect
 
-    from apexlite.migrate.engine import migrate_source
-
-    try:
-        source = read_source_bytes(args.script)
-        ast.parse(source, args.script)
-    except ScriptSourceError as error:
-        sys.stderr.write(f"apexlite migrate: {error}\n")
+    found = collect(args.paths)
+    if not found.targets:
+        sys.stderr.write(f"apexlite migrate: no Python scripts or notebooks (.py, .ipynb) under "
+                         f"{', '.join(found.folders)}\n")
         return 2
-    except (SyntaxError, ValueError) as error:
-        sys.stderr.write(f"apexlite migrate: {args.script} is not Python source Python would run: {error}\n")
+    if found.several and args.verify:
+        sys.stderr.write("apexlite migrate: --verify runs one script: name one file\n")
         return 2
+    if found.several and args.output and os.path.exists(args.output) and not os.path.isdir(args.output):
+        sys.stderr.write(f"apexlite migrate: -o {args.output}: with several files or a folder, -o names a folder "
+                         "(this is a file)\n")
+        return 2
+    files = [load(target) for target in found.targets]
     options = migrate_options(args)
-    try:
-        result = migrate_source(source, options)
-    except libcst.ParserSyntaxError as error:
-        sys.stderr.write(f"apexlite migrate: libcst cannot parse {args.script}: {error.message} "
-                         f"(line {error.raw_line}); nothing written\n")
-        return 2
-    except RecursionError:
-        sys.stderr.write(f"apexlite migrate: {args.script} is nested too deeply to rewrite; nothing written\n")
-        return 2
+    migrate_all(files, options)
+    if not found.several:
+        return _main_one(files[0], args, script_args, options)
+    return _main_many(files, found, args)
+
+
+def _verify(item, args: argparse.Namespace, script_args: List[str], options, migrated_path, out) -> int:
+    """--verify's status; its report goes to `out`."""
+    if item.program.notebook is not None:
+        out.write("verify: skipped: --verify runs scripts, not notebooks\n")
+        return 1
+    from apexlite.migrate.verify import verify_migration
+
+    return verify_migration(item.path, item.result, script_args, args.max_steps, args.timeout, args.tolerance,
+                            options, migrated_path=migrated_path, out=out)
+
+
+def _main_one(item, args: argparse.Namespace, script_args: List[str], options) -> int:
+    from apexlite.migrate.report import format_report
+    from apexlite.migrate.writing import WriteError, write_atomically
+
+    if item.refusal is not None:
+        sys.stderr.write(f"apexlite migrate: {item.refusal}\n")
+        return item.exit_status
     report_stream = sys.stdout if (args.output or args.in_place) else sys.stderr
+    status, written, verify_report = item.exit_status, None, io.StringIO()
+    if args.verify and args.in_place:  # before the script is overwritten: the original must still be there
+        status = max(status, _verify(item, args, script_args, options, None, verify_report))
     if args.diff:
-        sys.stdout.writelines(_diff(result.original, result.migrated, args.script))
-        shown_as = args.script
+        sys.stdout.writelines(_diff(item, item.path))
+        shown_as = item.path
     elif args.output or args.in_place:
-        shown_as = args.output or args.script
-        if args.output or result.changed:
-            _write_atomically(shown_as, result.migrated)
+        shown_as = args.output or item.path
+        if args.output and os.path.isdir(args.output):
+            shown_as = os.path.join(args.output, os.path.basename(item.path))
+        if args.output or item.changed:
+            try:
+                written = write_atomically(shown_as, item.output)
+            except WriteError as error:
+                sys.stderr.write(f"apexlite migrate: {error}\n")
+                return WRITE_FAILED_STATUS
+            if os.path.islink(shown_as):
+                shown_as = f"{shown_as} (a symlink: written to {written})"
     else:
         sys.stdout.flush()
-        sys.stdout.buffer.write(result.migrated)
+        sys.stdout.buffer.write(item.output)
         sys.stdout.flush()
         shown_as = "<stdout>"
-    _report(result, args.script, shown_as, report_stream, todo_lines_in_original=args.diff)
-    status = result.exit_status
-    if args.verify:
-        from apexlite.migrate.verify import verify_migration
-
-        verified = verify_migration(args.script, result, script_args, args.max_steps, args.timeout, args.tolerance,
-                                    options, migrated_path=args.output if args.output else None,
-                                    out=report_stream)
-        status = max(status, verified)
+    locate = item.location if item.program.notebook is not None else None
+    report_stream.write(format_report(item.result, item.path, shown_as, locate, todo_lines_in_original=args.diff)
+                        + verify_report.getvalue())
+    if args.verify and not args.in_place:  # streamed: the runs take a while
+        status = max(status, _verify(item, args, script_args, options, written if args.output else None,
+                                     report_stream))
     return status
+
+
+def _main_many(files, found, args: argparse.Namespace) -> int:
+    from apexlite.migrate.summary import format_summary
+    from apexlite.migrate.writing import WriteError, write_atomically
+    from apexlite.script_paths import output_path
+
+    written: Dict[str, str] = {}
+    if args.diff:
+        for item in files:
+            if item.changed:
+                sys.stdout.writelines(_diff(item, item.path))
+        how, stream = "diffs printed; nothing written", sys.stderr
+    elif args.output or args.in_place:
+        for item in files:
+            if item.output is None or (args.in_place and not item.changed):
+                continue
+            destination = output_path(item.target, args.output, found) if args.output else item.path
+            try:
+                write_atomically(destination, item.output, make_folders=bool(args.output))
+                written[item.path] = destination
+            except WriteError as error:
+                item.write_error = str(error)
+        how = (f"written under {args.output}: the files read, migrated or not" if args.output
+               else f"{len(written)} file(s) rewritten in place")
+        stream = sys.stdout
+    else:
+        how, stream = "nothing written: add --in-place, -o OUTDIR or --diff", sys.stdout
+    stream.write(format_summary(files, found, written, how))
+    statuses = [WRITE_FAILED_STATUS if item.write_error is not None else item.exit_status for item in files]
+    return max(statuses, default=0)
 
 
 def _decoded(source: bytes) -> str:
@@ -186,8 +232,12 @@ def _decoded(source: bytes) -> str:
     return source.decode(encoding, "replace")
 
 
-def _diff(original: bytes, migrated: bytes, script: str) -> List[str]:
-    before = _decoded(original).splitlines(True)
-    after = _decoded(migrated).splitlines(True)
-    return list(difflib.unified_diff(before, after, fromfile=f"a/{script}", tofile=f"b/{script}"))
-
+def _diff(item, name: str) -> List[str]:
+    """A unified diff of one file (a notebook: of its code cells, each under a `# In[cell N]` line)."""
+    if item.program.notebook is not None:
+        before, after = item.program.notebook.cells_text(item.program.data), item.program.notebook.cells_text(item.output)
+        before, after = before.splitlines(True), after.splitlines(True)
+    else:
+        before = _decoded(item.program.data).splitlines(True)
+        after = _decoded(item.output).splitlines(True)
+    return list(difflib.unified_diff(before, after, fromfile=f"a/{name}", tofile=f"b/{name}"))

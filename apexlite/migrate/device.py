@@ -13,10 +13,9 @@ import ast
 from typing import Optional
 
 import libcst as cst
+from libcst.metadata import QualifiedNameSource
 
-from libcst.metadata import QualifiedNameProvider, QualifiedNameSource
-
-from apexlite.migrate.analysis import Analysis, dotted_text, walk
+from apexlite.migrate.analysis import Analysis, dotted_text
 
 CUDA = "cuda"
 CPU = "cpu"
@@ -52,7 +51,7 @@ def _is_dtype(analysis: Analysis, node: cst.BaseExpression) -> bool:
 def detect(analysis: Analysis) -> str:
     """CUDA, CPU or RUNTIME for the whole script."""
     kinds = set()
-    for call in walk(analysis.module, cst.Call):
+    for call in analysis.walk(analysis.module, cst.Call):
         func = call.func
         name = dotted_text(func) or ""
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda":
@@ -85,7 +84,7 @@ def built_here(analysis: Analysis, model: cst.BaseExpression) -> bool:
     if text is None:
         return False
     found = False
-    for target in walk(analysis.module, cst.AssignTarget):
+    for target in analysis.walk(analysis.module, cst.AssignTarget):
         parts = target.target.elements if isinstance(target.target, (cst.Tuple, cst.List)) else None
         names = [dotted_text(part.value) for part in parts] if parts is not None else [dotted_text(target.target)]
         if text not in names:
@@ -108,7 +107,7 @@ def _known_constructor(analysis: Analysis, value: cst.BaseExpression, text: str)
     func = value.func
     if isinstance(func, cst.Attribute) and dotted_text(func.value) == text:  # model = model.float()
         return True
-    qualified = analysis.get_metadata(QualifiedNameProvider, func, set())
+    qualified = analysis.qualified_names(func)
     return bool(qualified) and all(
         name.name.split(".")[0] in _KNOWN_ROOTS or (name.source is QualifiedNameSource.LOCAL and "." not in name.name
                                                     and _defined_here(analysis, name.name))

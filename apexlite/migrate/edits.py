@@ -160,13 +160,29 @@ def expression(code: str) -> cst.BaseExpression:
 
 
 class Applier(cst.CSTTransformer):
-    """Applies a Plan to the tree it was made from (run through the same MetadataWrapper)."""
+    """Applies a Plan to the tree it was made from (run through the same MetadataWrapper). Only the paths
+    from the module to the edited nodes are entered: every other subtree comes out as it went in, uncopied."""
 
     def __init__(self, plan: Plan) -> None:
         super().__init__()
         self.plan = plan
         self.wrap_starts = {first: (last, header) for first, last, header in plan.wraps}
         self.emptied: set = set()  # ids of the `pass` statements put in blocks this pass emptied
+        self.on_paths = self._paths_to_edits()
+
+    def _paths_to_edits(self) -> set:
+        edited = [*self.plan.expressions, *self.plan.small, *self.plan.statements, *self.plan.comments,
+                  *self.plan.before,
+                  *(node for wrap in self.plan.wraps for node in wrap[:2])]
+        on_paths: set = set()
+        for node in edited:
+            while node is not None and node not in on_paths:
+                on_paths.add(node)
+                node = self.plan.analysis.parent(node)
+        return on_paths
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return node in self.on_paths or isinstance(node, cst.Module)
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
         edit = self.plan.expressions.get(original_node)

@@ -12,7 +12,9 @@ went in (libcst's round trip).
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
+import symtable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Set, Tuple
@@ -48,6 +50,7 @@ class MigrationResult:
     remaining: List[Tuple[str, List[int], str]] = field(default_factory=list)  # check.scan of `migrated`
     error: Optional[str] = None  # the rewrite did not compile: `migrated` is the original
     flags: List[str] = field(default_factory=list)  # options a rerun needs for run-time choices ("--opt-level O1")
+    unreadable: bool = False  # libcst could not read the file (`error` says why): nothing was attempted
 
     @property
     def changed(self) -> bool:
@@ -70,8 +73,8 @@ def _compiles(source: bytes) -> Optional[str]:
     return None
 
 
-def _unbound_names(wrapper) -> Set[str]:
-    """Names the module reads without any binding (builtins are bound)."""
+def _unbound_names(wrapper: MetadataWrapper) -> Set[str]:
+    """Names the module reads without any binding before them (builtins are bound), in libcst's scopes."""
     names: Set[str] = set()
     for scope in set(wrapper.resolve(ScopeProvider).values()):
         if scope is None:
@@ -79,6 +82,50 @@ def _unbound_names(wrapper) -> Set[str]:
         names.update(access.node.value for access in scope.accesses
                      if not access.referents and isinstance(access.node, cst.Name))
     return names
+
+
+def _symbols(source: bytes) -> Tuple[Set[str], Set[str]]:
+    """(names read and bound nowhere, names imported at module level), from Python's symbol tables: order
+    does not matter to them, which is all a check of the import pass needs (it only edits imports)."""
+    top = symtable.symtable(importlib.util.decode_source(source), "<migrate>", "exec")
+    tables, bound, read = [top], set(), set()
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        for symbol in table.get_symbols():
+            name = symbol.get_name()
+            if table is top or symbol.is_declared_global():
+                if symbol.is_assigned() or symbol.is_imported() or symbol.is_namespace():
+                    bound.add(name)
+                if symbol.is_referenced():
+                    read.add(name)
+            elif symbol.is_global() and symbol.is_referenced():  # read in a function or class, bound nowhere in it
+                read.add(name)
+    imported = {symbol.get_name() for symbol in top.get_symbols() if symbol.is_imported()}
+    return read - bound, imported
+
+
+@dataclass
+class _Applied:
+    """One file's rewrite: the first pass's output, its libcst scopes (computed for the import pass anyway)
+    and the end result."""
+
+    first: bytes
+    first_wrapper: MetadataWrapper
+    migrated: bytes
+
+
+def _lost_names(unbound: Set[str], applied: _Applied) -> Set[str]:
+    """Names the migrated script reads without defining them where the original (whose unbound names are
+    `unbound`) defined them. The rewrite (source -> first) is checked in libcst's scopes, already computed
+    for the import pass; the import pass (first -> migrated), which only edits imports, by the symbol
+    tables, without another libcst parse."""
+    if _compiles(applied.first) is not None:  # check the end result itself
+        return _unbound_names(MetadataWrapper(cst.parse_module(applied.migrated))) - unbound
+    (unbound_first, imported_first), (unbound_migrated, imported_migrated) = (_symbols(applied.first),
+                                                                              _symbols(applied.migrated))
+    added = imported_migrated - imported_first  # `import torch`, added by the import pass before any use
+    return (_unbound_names(applied.first_wrapper) - unbound - added) | (unbound_migrated - unbound_first)
 
 
 def _todo_lines(code: bytes, todos: List[Todo]) -> List[int]:
@@ -151,21 +198,22 @@ def _shown(keys: List[Path]):
     return shown
 
 
-def _apply(wrapper: MetadataWrapper, plan: Plan, setup: Optional[AmpSetup]) -> bytes:
+def _apply(wrapper: MetadataWrapper, plan: Plan, setup: Optional[AmpSetup]) -> _Applied:
     first = wrapper.visit(Applier(plan)).bytes
     second_wrapper, second_analysis = parse(first)
     imports = ImportPlanner(second_analysis, keep_amp=setup is not None and setup.recipe == KEEP)
-    return second_wrapper.visit(Applier(imports.plan_all(plan.needs_torch))).bytes
+    return _Applied(first, second_wrapper, second_wrapper.visit(Applier(imports.plan_all(plan.needs_torch))).bytes)
 
 
-def _soundness_error(wrapper: MetadataWrapper, source: bytes, migrated: bytes) -> Tuple[Optional[str], List[str]]:
+def _soundness_error(wrapper: MetadataWrapper, source: bytes, applied: _Applied) -> Tuple[Optional[str], List[str]]:
     """(why the rewrite must not be used, names some path would read undefined that the original defined)."""
+    migrated = applied.migrated
     if migrated == source:
         return None, []
     error = _compiles(migrated) if _compiles(source) is None else None
     if error is not None:
         return error, []
-    lost = _unbound_names(MetadataWrapper(cst.parse_module(migrated))) - _unbound_names(wrapper)
+    lost = _lost_names(_unbound_names(wrapper), applied)
     if lost:
         return f"it would read {', '.join(sorted(lost))} without defining it (a migrate bug: please report it)", []
     before = undefined_reads(source)
@@ -200,7 +248,7 @@ def _migrate_group(parsed, sources: Mapping[Path, bytes], group: _Group, options
             if first_plans[key].merged_edits or plans[key].todos != first_plans[key].todos:
                 migrated[key] = _apply(parsed[key][0], plans[key], setup)
                 checks[key] = _soundness_error(parsed[key][0], sources[key], migrated[key])
-    return {key: _result(sources[key], migrated[key], plans[key],
+    return {key: _result(sources[key], migrated[key].migrated, plans[key],
                          setup if any(is_amp(use) for use in parsed[key][1].uses) else None, checks[key][0])
             for key in group.keys}
 
@@ -217,12 +265,46 @@ def _result(source: bytes, migrated: bytes, plan: Plan, setup: Optional[AmpSetup
     return result
 
 
+def _mentions_apex(source: bytes) -> bool:
+    """Whether any apex root can be named in `source`: an import of one needs its name in the text."""
+    return any(root.encode() in source for root in apis.ROOTS)
+
+
+def _untouched(source: bytes) -> Optional[MigrationResult]:
+    """The result for a source migrate has nothing to do with (no apex named, valid Python), without a
+    libcst parse: the full pipeline would give the same (nothing to rewrite, nothing left for `check`
+    beyond what it finds here)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None  # the full pipeline says why
+    return MigrationResult(source, source, remaining=check.scan(tree))
+
+
+def _reachable(sources: Mapping[Path, bytes]) -> Set[Path]:
+    """The files the joint migration must parse: those naming apex, and those that could import one of them
+    (their text names its module or package); any other file can neither use amp nor receive its
+    GradScaler, so it comes out unchanged without a libcst parse (most of a large repository)."""
+    apex_files = {key for key, source in sources.items() if _mentions_apex(source)}
+    names = {part for key in apex_files for part in (key.stem, key.parent.name) if part and part != "__init__"}
+    encoded = [name.encode() for name in names]
+    return apex_files | {key for key, source in sources.items() if any(name in source for name in encoded)}
+
+
+def _unreadable(source: bytes, why: str) -> MigrationResult:
+    return MigrationResult(source, source, error=why, unreadable=True)
+
+
 def migrate_source(source: bytes, options: MigrateOptions = MigrateOptions()) -> MigrationResult:
     """Migrate one script's source (raises libcst.ParserSyntaxError when libcst cannot parse it).
 
     The rewrite must compile, read no name it does not define, and leave no name undefined on a path
     where the original defined it. When the amp part breaks the last rule it is left to the user (a TODO
     at amp.initialize) and the rest is migrated; any other failure keeps the original, with the reason."""
+    if not _mentions_apex(source):
+        untouched = _untouched(source)
+        if untouched is not None:
+            return untouched
     key = Path("<script>")
     parsed = {key: parse(source)}
     return _migrate_group(parsed, {key: source}, _Group([key], key if parsed[key][1].uses_of(apis.INITIALIZE)
@@ -234,25 +316,29 @@ def migrate_sources(sources: Mapping[Path, bytes],
     """Migrate files jointly (a repository): where amp.initialize is in one file and its optimizers are
     used in others (a `train()` called with them, `from train import optimizer`), the GradScaler is made
     beside amp.initialize and reaches them the way the optimizer does; where it cannot, each file's amp
-    part stays, with TODOs naming the other file and line. A file libcst cannot parse keeps its bytes,
-    with the reason as its error."""
+    part stays, with TODOs naming the other file and line. A file libcst cannot read keeps its bytes, with
+    the reason as its error and `unreadable` set."""
     parsed: Dict[Path, Tuple[MetadataWrapper, Analysis]] = {}
     results: Dict[Path, MigrationResult] = {}
+    reachable = _reachable(sources)
     for key, source in sources.items():
+        untouched = None if key in reachable else _untouched(source)
+        if untouched is not None:
+            results[key] = untouched
+            continue
         try:
             parsed[key] = parse(source)
         except cst.ParserSyntaxError as error:
-            results[key] = MigrationResult(source, source, error=f"libcst cannot parse it: {error.message} "
-                                                                  f"(line {error.raw_line}); nothing changed")
+            results[key] = _unreadable(source, f"libcst cannot parse it: {error.message} (line {error.raw_line})")
         except RecursionError:
-            results[key] = MigrationResult(source, source, error="it is nested too deeply to rewrite; nothing changed")
+            results[key] = _unreadable(source, "it is nested too deeply to rewrite")
     resolve = module_resolver(list(parsed))
     for group in _groups(parsed):
         try:
             results.update(_migrate_group(parsed, sources, group, options, resolve))
         except RecursionError:
-            results.update({key: MigrationResult(sources[key], sources[key], error="it is nested too deeply to "
-                                                 "rewrite; nothing changed") for key in group.keys})
+            results.update({key: _unreadable(sources[key], "it is nested too deeply to rewrite")
+                            for key in group.keys})
     return {key: results[key] for key in sources}
 
 

@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 import libcst as cst
 from libcst.metadata import ExpressionContext, ExpressionContextProvider
 
-from apexlite.migrate.analysis import Analysis, base_name, dotted_text, walk
+from apexlite.migrate.analysis import Analysis, base_name, dotted_text
 from apexlite.migrate.edits import Plan
 from apexlite.migrate.values import argparse_action
 
@@ -225,7 +225,7 @@ def branch_calls_backward(analysis: Analysis, condition: Condition) -> bool:
     if other is None:
         return False
     return any(isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
-               for call in walk(other, cst.Call))
+               for call in analysis.walk(other, cst.Call))
 
 
 # --- TODOs for guards migrate cannot repeat -----------------------------------------------------------
@@ -272,7 +272,7 @@ def model_touched_before(analysis: Analysis, guard: Guard, call: cst.Call, model
     """Whether the outermost `if` around amp.initialize uses one of its models before the call."""
     statement = analysis.statement_of(call)
     chains = [text for text in models if text]
-    for candidate in walk(guard.outermost.body, cst.BaseStatement):
+    for candidate in analysis.walk(guard.outermost.body, cst.BaseStatement):
         if candidate is statement or analysis.position(candidate) >= analysis.position(statement):
             continue
         if isinstance(candidate, cst.SimpleStatementLine) and mentions(analysis, candidate, chains):

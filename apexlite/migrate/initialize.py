@@ -280,7 +280,7 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
     _choose_device(plan, setup, device)
     if setup.device == RUNTIME and guard.conditions and model_touched_before(analysis, guard, setup.call,
                                                                               setup.models):
-        plan.todo(call, f"the model is used inside `if` before amp.initialize, and its device is only known at "
+        plan.todo(call, "the model is used inside `if` before amp.initialize, and its device is only known at "
                         "run time: migrate reads the device from the model before the `if`, where it may still "
                         "be elsewhere; move that code before the `if` and run migrate again")
     return setup

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 import libcst as cst
 
-from apexlite.migrate.analysis import Analysis, walk
+from apexlite.migrate.analysis import Analysis
 from apexlite.migrate.edits import Plan
 from apexlite.migrate.reach import Key, Thread, Ties
 
@@ -52,7 +52,7 @@ def _needed(plans: Dict[Key, Plan], ties: Dict[Key, Ties]) -> List[Thread]:
     for thread in threads:
         analysis = plans[thread.key].analysis
         inside = [use.node for use in analysis.uses] + [
-            call for call in walk(thread.function, cst.Call) if isinstance(call.func, cst.Attribute)
+            call for call in analysis.walk(thread.function, cst.Call) if isinstance(call.func, cst.Attribute)
             and call.func.attr.value == "step" and ties[thread.key].optimizer(call.func.value) is not None]
         if any(_within(analysis, node, thread.function) for node in inside):
             needed.append(thread)

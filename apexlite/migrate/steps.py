@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Dict, List, Tuple
 
 import libcst as cst
 
-from apexlite.migrate.analysis import dotted_text, walk
+from apexlite.migrate.analysis import dotted_text
 from apexlite.migrate.edits import small_statement
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def step_calls(units: List["Unit"], index: int) -> List[Step]:
     """Every `<optimizer>.step(...)` of amp's optimizer `index`, in every file."""
     found = []
     for unit in units:
-        for call in walk(unit.analysis.module, cst.Call):
+        for call in unit.analysis.walk(unit.analysis.module, cst.Call):
             func = call.func
             if isinstance(func, cst.Attribute) and func.attr.value == "step" and unit.ties.optimizer(func.value) == index:
                 found.append((unit, call))
@@ -89,7 +89,7 @@ def _rewrite(scaler: "Scaler", steps: Dict[int, List[Step]], planner: "ScaleLoss
 
 def _flag_patched_optimizers(units: List["Unit"]) -> None:
     for unit in units:
-        for assign in walk(unit.analysis.module, (cst.Assign, cst.AugAssign)):
+        for assign in unit.analysis.walk(unit.analysis.module, (cst.Assign, cst.AugAssign)):
             targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
             for target in targets:
                 if isinstance(target, cst.Attribute) and target.attr.value in PATCHED_OPTIMIZER_METHODS \

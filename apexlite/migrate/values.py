@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
 
-from apexlite.migrate.analysis import Analysis, dotted_text, walk
+from apexlite.migrate.analysis import Analysis, dotted_text
 
 _TORCH_DTYPES = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16", "float32": "float32",
                  "float": "float32"}
@@ -76,7 +76,7 @@ def elements(node: cst.BaseExpression) -> Optional[List[cst.BaseExpression]]:
 
 def _argparse_option(analysis: Analysis, attribute: str) -> Optional[cst.Call]:
     """The `add_argument(...)` call that stores into `attribute` (`--opt-level`, `--opt_level`, dest=)."""
-    for call in walk(analysis.module, cst.Call):
+    for call in analysis.walk(analysis.module, cst.Call):
         if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "add_argument"):
             continue
         flags = [literal(analysis, arg.value) for arg in call.args if arg.keyword is None]

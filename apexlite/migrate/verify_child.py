@@ -1,20 +1,25 @@
 """Runs a migrated script for `migrate --verify`, in its own Python process, recording what the sweep's
-telemetry records for an apex script: the loss of every backward pass and the optimizer steps, ending
-the script cleanly after N steps.
+telemetry records for an apex script: the loss of every backward pass with the loss scale that multiplied
+it, the optimizer steps and which of them GradScaler skipped, ending the script cleanly after N steps.
 
-    python verify_child.py --telemetry FILE --max-steps N [--allow MODULE] [--path0 DIR] SCRIPT [ARGS...]
+    python verify_child.py --telemetry FILE --max-steps N [--static-scale S] [--allow MODULE] [--path0 DIR]
+                           SCRIPT [ARGS...]
     python verify_child.py --no-record [--allow apexlite] SCRIPT [ARGS...]   (amp kept on apexlite: its own
                                                                             telemetry records the run)
 
 This file imports nothing of apexlite: it is run by path, and `apex`, `amp_C` and (unless --allow
 apexlite) `apexlite` are refused by a finder placed first on sys.meta_path, so whatever is installed,
 the migrated script runs on torch alone; every refused import is listed in the report. Losses come
-from torch.amp.GradScaler.scale (the unscaled loss it is given) and from `.backward()` on a one-element
-tensor that no GradScaler produced; steps from torch's global optimizer step hook, plus one per
-GradScaler.step (a step it skips for inf/NaN gradients counts too, as apexlite's telemetry counts it).
+from torch.amp.GradScaler.scale (the unscaled loss it is given, and the scaler's scale) and from
+`.backward()` on a one-element tensor that no GradScaler produced (scale None); steps from torch's
+global optimizer step hook, plus one per GradScaler.step (a step it skips for inf/NaN gradients counts
+too, as apexlite's telemetry counts it, and is listed in `skipped_at`). `--static-scale S` makes every
+GradScaler static: it starts at S and `update()` sets S again (the counterpart of APEXLITE_LOSS_SCALE=S
+for the original), so two runs can be compared with loss scaling taken out of the difference.
 """
 import argparse
 import importlib.abc
+import inspect
 import json
 import os
 import runpy
@@ -56,30 +61,61 @@ class Recorder:
         self.max_steps = max_steps
         self.steps = 0
         self.cut_at_budget = False
-        self.losses = []  # (step the loss feeds, detached tensor): no host sync while training
+        self.losses = []  # (step the loss feeds, detached loss, detached scale or None): no host sync
+        self.skipped_at = []
         self.inside_scaler_step = False
+        self.applied_inside_scaler_step = False
 
-    def record(self, loss):
-        self.losses.append((self.steps + 1, loss.detach()))
+    def record(self, loss, scale=None):
+        self.losses.append((self.steps + 1, loss.detach(), scale))
 
-    def count_step(self):
+    def count_step(self, skipped=False):
         self.steps += 1
+        if skipped:
+            self.skipped_at.append(self.steps)
         if self.max_steps is not None and self.steps >= self.max_steps:
             self.cut_at_budget = True
             raise BudgetReached()
 
     def report(self, finder, exit_code):
-        curve = []
-        for step, loss in self.losses:
+        curve, scales = [], []
+        for step, loss, scale in self.losses:
             value = float(loss.float().mean())
             curve.append([step, value if value == value and abs(value) != float("inf") else None])
-        return {"loss_curve": curve, "steps": self.steps, "cut_at_budget": self.cut_at_budget,
+            scales.append([step, None if scale is None else float(scale)])
+        return {"loss_curve": curve, "loss_scale_curve": scales, "skipped_at": self.skipped_at,
+                "steps": self.steps, "cut_at_budget": self.cut_at_budget,
                 "max_steps": self.max_steps, "refused_imports": finder.attempts, "exit_code": exit_code,
                 "loaded_refused_modules": sorted(name for name in sys.modules
                                                  if name.split(".")[0] in finder.roots)}
 
 
-def install(recorder):
+def _current_scale(scaler):
+    """The scaler's scale as a detached copy (its tensor changes in place at update), or None if disabled."""
+    if not scaler.is_enabled():
+        return None
+    scale = getattr(scaler, "_scale", None)
+    return scale.detach().clone() if scale is not None else scaler.get_scale()
+
+
+def make_static(scaler_class, static_scale):
+    """Every GradScaler starts at `static_scale` and goes back to it at each update (it still skips a step
+    whose gradients overflowed, as a static apex/apexlite scaler does)."""
+    original_init, original_update = scaler_class.__init__, scaler_class.update
+    signature = inspect.signature(original_init)
+
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.arguments["init_scale"] = static_scale
+        original_init(*bound.args, **bound.kwargs)
+
+    def update(self, new_scale=None):
+        return original_update(self, static_scale if self.is_enabled() else new_scale)
+
+    scaler_class.__init__, scaler_class.update = __init__, update
+
+
+def install(recorder, static_scale=None):
     """Wrap GradScaler.scale/step and Tensor.backward; hook every optimizer's step (process-wide)."""
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -87,22 +123,24 @@ def install(recorder):
     scaler_class = torch.amp.GradScaler
     original_scale, original_step = scaler_class.scale, scaler_class.step
     original_backward = torch.Tensor.backward
+    if static_scale is not None:
+        make_static(scaler_class, static_scale)
 
     def scale(self, outputs):
-        if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
-            recorder.record(outputs)
         scaled = original_scale(self, outputs)
+        if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
+            recorder.record(outputs, _current_scale(self))
         if isinstance(scaled, torch.Tensor):
             setattr(scaled, SCALED_MARK, True)
         return scaled
 
     def step(self, optimizer, *args, **kwargs):
-        recorder.inside_scaler_step = True
+        recorder.inside_scaler_step, recorder.applied_inside_scaler_step = True, False
         try:
             result = original_step(self, optimizer, *args, **kwargs)
         finally:
             recorder.inside_scaler_step = False
-        recorder.count_step()
+        recorder.count_step(skipped=not recorder.applied_inside_scaler_step)
         return result
 
     def backward(self, *args, **kwargs):
@@ -111,7 +149,9 @@ def install(recorder):
         return original_backward(self, *args, **kwargs)
 
     def after_step(optimizer, args, kwargs):
-        if not recorder.inside_scaler_step:
+        if recorder.inside_scaler_step:
+            recorder.applied_inside_scaler_step = True
+        else:
             recorder.count_step()
 
     scaler_class.scale, scaler_class.step = scale, step
@@ -124,6 +164,7 @@ def _parse(argv):
     parser.add_argument("--telemetry")
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--static-scale", type=float, default=None)
     parser.add_argument("--allow", action="append", default=[], choices=REFUSED_ROOTS)
     parser.add_argument("--path0", default=None, help="sys.path[0] for the script (default: its directory)")
     parser.add_argument("script")
@@ -154,7 +195,7 @@ def main(argv):
 
     if not options.no_record:
         signal.signal(signal.SIGTERM, on_sigterm)
-        install(recorder)
+        install(recorder, options.static_scale)
     sys.argv = [options.script, *options.args]
     sys.path[0] = options.path0 or os.path.dirname(os.path.abspath(options.script))
     exit_code = 0

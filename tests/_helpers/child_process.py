@@ -26,3 +26,12 @@ def run_on_cast_path(path: str, args: List[str], timeout: float = 240) -> subpro
                             timeout=timeout)
     assert result.returncode == 0, f"child exited with {result.returncode}:\n{result.stderr[-3000:]}"
     return result
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process runs (a zombie does not count); reads /proc, so Linux only."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False

@@ -7,6 +7,7 @@ import torch
 from apexlite import amp
 from apexlite.amp.o1.lists import op_entries
 from apexlite.amp.o1.patcher import resolve
+from apexlite.amp.errors import AmpConfigError
 from apexlite.amp.session import current_session
 
 # apex's documented property table: (cast_model_type, patch_torch_functions, keep_batchnorm_fp32, master_weights, loss_scale)
@@ -145,6 +146,31 @@ def test_environment_overrides_level_and_dtype(monkeypatch, caplog):
     assert current_session().properties.opt_level == "O2"
     assert model[0].weight.dtype is torch.bfloat16
     assert "APEXLITE_OPT_LEVEL=O2" in caplog.text
+
+
+def test_environment_forces_a_static_loss_scale_for_every_loss(monkeypatch, caplog):
+    """APEXLITE_LOSS_SCALE replaces the script's loss_scale (migrate --verify's static-scale runs use it); a
+    static scaler keeps its scale through an overflow and still skips that step."""
+    monkeypatch.setenv("APEXLITE_LOSS_SCALE", "512")
+    model, opt = model_opt()
+    with caplog.at_level(logging.INFO, logger="apexlite"):
+        amp.initialize(model, opt, opt_level="O1", loss_scale="dynamic", num_losses=2, verbosity=0)
+    assert [scaler.loss_scale() for scaler in current_session().loss_scalers] == [512.0, 512.0]
+    assert not any(scaler.dynamic for scaler in current_session().loss_scalers)
+    before = [p.detach().clone() for p in model.parameters()]
+    with amp.scale_loss(model(torch.randn(2, 3)).float().sum() * float("inf"), opt, loss_id=1) as scaled:
+        scaled.backward()
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert current_session().loss_scalers[1].loss_scale() == 512.0
+    assert "APEXLITE_LOSS_SCALE=512 overrides loss_scale='dynamic'" in caplog.text
+
+
+@pytest.mark.parametrize("value", ["0", "-4", "inf", "nan", "big"])
+def test_environment_loss_scale_must_be_valid(monkeypatch, value):
+    monkeypatch.setenv("APEXLITE_LOSS_SCALE", value)
+    with pytest.raises(AmpConfigError, match="APEXLITE_LOSS_SCALE must be 'dynamic' or a finite number > 0"):
+        amp.initialize(*model_opt(), opt_level="O1", verbosity=0)
 
 
 def test_enabled_false_is_a_pass_through():

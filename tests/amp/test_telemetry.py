@@ -70,6 +70,17 @@ def _feed(stats, losses, skipped=()):
         stats.record_step(skipped=index in skipped)
 
 
+def test_each_loss_keeps_the_scale_that_multiplied_it():
+    stats = RunStats(keep_samples=True)
+    for index, (loss, scale, skipped) in enumerate([(2.0, 65536.0, True), (1.5, 32768.0, False), (1.0, None, False)]):
+        stats.record_loss(torch.tensor(loss), scale)
+        stats.record_step(skipped=skipped)
+    report = stats.report()
+    assert report["loss_curve"] == [[1, 2.0], [2, 1.5], [3, 1.0]]
+    assert report["loss_scale_curve"] == [[1, 65536.0], [2, 32768.0], [3, None]]
+    assert report["skipped_at"] == [1]
+
+
 def test_memory_stays_bounded_however_long_the_run():
     reports = {}
     for steps in (3_000, 30_000):

@@ -84,7 +84,7 @@ def test_unchanged_file_in_place_is_not_rewritten(tmp_path):
 
 @pytest.mark.parametrize("make,message", [
     (lambda tmp: tmp / "missing.py", b"no such file"),
-    (lambda tmp: tmp, b"is a directory"),
+    (lambda tmp: tmp, b"no Python scripts or notebooks (.py, .ipynb) under"),
     (lambda tmp: _write(tmp / "bad.py", b"def broken(:\n"), b"is not Python source"),
     (lambda tmp: _write(tmp / "nul.py", b"x = 1\x00\n"), b"is not Python source"),
 ])

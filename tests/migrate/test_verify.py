@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from apexlite.migrate import scaling
 from apexlite.migrate.compare import AGREE, DIFFER, INCOMPLETE, compare, relative_difference
 from apexlite.migrate.engine import migrate_source
 from apexlite.migrate.options import MigrateOptions
@@ -47,6 +48,26 @@ def test_compare_differs_when_the_loops_differ():
 
 def test_compare_without_losses_is_incomplete():
     assert compare([], curve(1.0), 0.05).verdict == INCOMPLETE
+
+
+def test_scaling_difference_is_skipped_steps_or_scales():
+    same = scaling.Scaling([3], [65536.0, 32768.0])
+    assert not scaling.scaling_differs(same, scaling.Scaling([3], [65536.0, 32768.0]))
+    assert scaling.scaling_differs(same, scaling.Scaling([3, 4], [65536.0, 32768.0]))
+    other_scale = scaling.Scaling([3], [65536.0, 16384.0])
+    assert scaling.scaling_differs(same, other_scale)
+    assert scaling.describe_difference(same, other_scale, [1, 2]) == (
+        "original skipped steps [3], migrated skipped [3]; the scales part at loss 2, step 2: 32768 in the "
+        "original, 16384 in the migrated script")
+
+
+@pytest.mark.parametrize("original,migrated,expected", [
+    ([65536.0, 8192.0], [65536.0, 16384.0], 8192.0),
+    ([1.0, None], [0.5], 2.0),  # never below 2: at 1.0 apexlite checks no overflow while a GradScaler does
+    ([None], [None], 65536.0),
+])
+def test_static_scale_is_the_smallest_either_run_used(original, migrated, expected):
+    assert scaling.static_scale_for(scaling.Scaling([], original), scaling.Scaling([], migrated)) == expected
 
 
 def test_compare_non_finite_losses():
@@ -108,6 +129,27 @@ def test_child_records_unscaled_losses_and_counts_skipped_steps(tmp_path):
     assert report["steps"] == 5 and not report["cut_at_budget"]
     assert [loss for _, loss in report["loss_curve"]] == pytest.approx(printed_losses(result.stdout), rel=1e-7)
     assert [step for step, _ in report["loss_curve"]] == [1, 2, 3, 4, 5]
+    # step 2 overflowed: GradScaler skipped it and halved its scale for the losses after it
+    assert report["skipped_at"] == [2]
+    assert report["loss_scale_curve"] == [[1, 1024.0], [2, 1024.0], [3, 512.0], [4, 512.0], [5, 512.0]]
+
+
+def test_child_static_scale_holds_every_grad_scaler_at_one_scale(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCALED_SCRIPT)
+    telemetry = tmp_path / "telemetry.json"
+    result = subprocess.run([sys.executable, CHILD, "--telemetry", str(telemetry), "--static-scale", "64",
+                             str(script), "5"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(telemetry.read_text())
+    assert report["loss_scale_curve"] == [[step, 64.0] for step in range(1, 6)]
+    assert report["skipped_at"] == [2]  # a static scale still skips an overflowing step, as apexlite's does
+
+
+def test_child_plain_backward_has_no_scale(tmp_path):
+    result, report = run_child(tmp_path, PLAIN_SCRIPT, max_steps=3)
+    assert result.returncode == 0, result.stderr
+    assert report["loss_scale_curve"] == [[1, None], [2, None], [3, None]] and report["skipped_at"] == []
 
 
 def test_child_budget_ends_the_script_cleanly(tmp_path):
@@ -160,7 +202,8 @@ def test_verify_catches_clipping_before_unscale():
     result.migrated = result.migrated.replace(b"    scaler.unscale_(optimizer)\n", b"")
     status, report = _verify(path, result, 6, "--steps", "6")
     assert status == 1
-    assert "verdict: DIFFER: the losses differ by up to" in report
+    assert "verdict: DIFFER (arithmetic): the losses differ by up to" in report
+    assert "with the same loss scaling in both runs (skipped steps [1], every loss scaled alike)" in report
 
 
 @pytest.mark.slow
@@ -179,3 +222,45 @@ def test_verify_a_script_without_amp(tmp_path):
     assert status == 0, report
     assert "original (apexlite run): ok, 8 steps, 8 losses" in report
     assert "verdict: AGREE" in report
+
+
+DCGAN = EXAMPLES / "dcgan_amp.py"
+# batch size 2 makes the example's fp16 gradients overflow now and then: the original's three loss scalers
+# (one per loss_id) and the migrated script's two GradScalers (one per optimizer) skip different steps
+DCGAN_ARGS = ["--batchSize", "2"]
+
+
+def _verify_dcgan(result, tolerance):
+    out = io.StringIO()
+    status = verify_migration(str(DCGAN), result, DCGAN_ARGS, 10, 300.0, tolerance, MigrateOptions(opt_level="O1"),
+                              None, out)
+    return status, out.getvalue()
+
+
+@pytest.mark.slow
+def test_verify_says_a_gan_differs_by_its_loss_scaling():
+    result = migrate_source(DCGAN.read_bytes(), MigrateOptions(opt_level="O1"))
+    assert result.exit_status == 0
+    status, report = _verify_dcgan(result, 0.01)
+    assert status == 1, report
+    assert "verify: the loss scaling differs (original skipped steps [3, 4, 5], migrated skipped [3, 4];" in report
+    assert "static loss scale 32768): ok, 10 steps, 15 losses" in report
+    verdict = report.splitlines()[-1]
+    assert verdict.startswith("verify: verdict: DIFFER (loss scaling): the curves differ because the loss scaling "
+                              "differs (original skipped steps [3, 4, 5], migrated skipped [3, 4]"), report
+    assert "under one static loss scale 32768 they agree within 0.000%" in verdict
+
+
+@pytest.mark.slow
+def test_verify_says_a_broken_gan_migration_differs_in_its_arithmetic():
+    """The same GAN with one loss left unscaled (the scaler then divides its gradients by the scale): the runs
+    still differ under one static scale, so verify blames the arithmetic."""
+    result = migrate_source(DCGAN.read_bytes(), MigrateOptions(opt_level="O1"))
+    scaled = b"scaler_optimizerD.scale(errD_fake).backward()"
+    assert result.migrated.count(scaled) == 1
+    result.migrated = result.migrated.replace(scaled, b"errD_fake.backward()")
+    status, report = _verify_dcgan(result, 0.01)
+    assert status == 1, report
+    assert "verify: the loss scaling differs" in report
+    assert report.splitlines()[-1].startswith("verify: verdict: DIFFER (arithmetic): under one static loss scale "), \
+        report

@@ -1,0 +1,67 @@
+"""The report of a `migrate` run over several files: one row per file (its outcome, its TODOs, where it
+was written), every TODO by file and line, what the walk skipped, and the totals."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+from apexlite.migrate.files import MIGRATED, NOT_REWRITTEN, REFUSED, TODOS, UNCHANGED, FileMigration
+from apexlite.migrate.report import format_table, recipe
+from apexlite.script_paths import Collection, skipped_summary
+
+OUTCOMES = (MIGRATED, TODOS, NOT_REWRITTEN, UNCHANGED, REFUSED)
+WRITE_FAILED = "write failed"
+
+
+def _detail(item: FileMigration, written: Optional[str]) -> str:
+    if item.write_error is not None:
+        return item.write_error
+    if item.refusal is not None:
+        return item.refusal
+    if item.error is not None:
+        return item.error
+    detail = recipe(item.result).strip(" ()") if item.result.setup is not None else ""
+    if written is not None and written != item.path:
+        detail = f"-> {written}" + (f"; {detail}" if detail else "")
+    return detail
+
+
+def _todo_lines(item: FileMigration) -> List[str]:
+    if item.result is None or item.error is not None and not item.result.todos:
+        return []
+    out = []
+    for todo, line in zip(item.result.todos, item.result.todo_lines):
+        where = item.location(line, True) if line else item.location(todo.line, False)
+        out.append(f"  TODO {item.path} {where}: {todo.message}")
+    return out
+
+
+def totals(files: List[FileMigration]) -> str:
+    """`7 file(s): 2 migrated, 1 with TODOs (3 TODOs), ...` (outcomes with no file left out)."""
+    counts: Dict[str, int] = {outcome: 0 for outcome in (*OUTCOMES, WRITE_FAILED)}
+    for item in files:
+        counts[WRITE_FAILED if item.write_error is not None else item.outcome] += 1
+    todos = sum(len(item.result.todos) for item in files if item.result is not None)
+    parts = []
+    for outcome, count in counts.items():
+        if count:
+            parts.append(f"{count} with TODOs ({todos} TODOs)" if outcome == TODOS else f"{count} {outcome}")
+    return f"{len(files)} file(s): " + (", ".join(parts) if parts else "none found")
+
+
+def format_summary(files: List[FileMigration], found: Collection, written: Dict[str, str], how: str) -> str:
+    """The whole report; `written` maps a file's path to where its output went, `how` says what was written."""
+    lines = [f"apexlite migrate: {totals(files)}"]
+    if files:
+        rows = []
+        for item in files:
+            outcome = WRITE_FAILED if item.write_error is not None else item.outcome
+            count = str(len(item.result.todos)) if item.result is not None else "-"
+            rows.append([item.path, outcome, count, _detail(item, written.get(item.path))])
+        lines += format_table(rows, ["file", "result", "TODOs", "details"])
+    for item in files:
+        lines += _todo_lines(item)
+    skipped = skipped_summary(found)
+    if skipped:
+        lines.append(skipped)
+    lines.append(how)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,49 @@
+"""Writing what migrate made: atomically, through symlinks, keeping the mode bits, or one line saying why not.
+
+The new content goes to a temporary file in the destination's own folder, which is then renamed over the
+destination: a reader sees the old file or the new one, never half of one, and a failure leaves the old
+file as it was. A symlink is written through (the file it points to gets the new content and the link
+stays a link). The destination's permission bits are kept; a new file gets the ones the umask gives.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+
+class WriteError(Exception):
+    """The output could not be written; the message is one line and names the file."""
+
+
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def write_atomically(path: str, data: bytes, make_folders: bool = False) -> str:
+    """Write `data` to `path` (through a symlink to its target); returns the file actually written."""
+    real = os.path.realpath(path)
+    if os.path.isdir(real):
+        raise WriteError(f"cannot write {path}: it is a directory")
+    folder = os.path.dirname(real) or "."
+    try:
+        if make_folders:
+            os.makedirs(folder, exist_ok=True)
+        mode = os.stat(real).st_mode & 0o7777 if os.path.exists(real) else _umask_mode()
+        handle, temporary = tempfile.mkstemp(prefix=".apexlite-migrate-", dir=folder)
+    except OSError as error:
+        raise WriteError(f"cannot write {path}: cannot create a file in {folder}: "
+                         f"{error.strerror or error}; nothing written") from None
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, real)
+    except OSError as error:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise WriteError(f"cannot write {path}: {error.strerror or error}; it is unchanged") from None
+    return real

@@ -106,13 +106,20 @@ def run_original(job: VerifyJob, static_scale: Optional[float] = None) -> Run:
         dtype = "bfloat16" if setup.recipe == AUTOCAST and setup.level == "O2" else "float32"  # float32: the script's
         record = run_one(job.script, job.script_args, setup.level, dtype, job.timeout, job.max_steps,
                          DEFAULT_WARMUP_STEPS, _static_env(static_scale))
-        return _run(f"original (apexlite run, {setup.level}{suffix})", record["status"], record.get("error"),
-                    record.get("telemetry"))
+        if not _skipped_amp(record):
+            return _run(f"original (apexlite run, {setup.level}{suffix})", record["status"], record.get("error"),
+                        record.get("telemetry"))
+        # a flag kept amp off on this run (`if args.fp16: amp.initialize(...)`): measured as a script without amp
     telemetry = os.path.join(job.tmp, "original.json")
     command = _child_command(job.script, telemetry, job.max_steps, ["apex", "amp_C", "apexlite"], job.directory,
                              job.script_args, under_apexlite=True, static_scale=static_scale)
     env = {**os.environ, **_static_env(static_scale)}
     return _run_child(command, telemetry, job.timeout, f"original (apexlite run{suffix})", env)
+
+
+def _skipped_amp(record: Dict[str, Any]) -> bool:
+    """Whether the script ran to its end without calling amp.initialize (so run_one recorded nothing)."""
+    return record["exit_code"] == 0 and record.get("telemetry") is None
 
 
 def run_migrated(job: VerifyJob, migrated: str, static_scale: Optional[float] = None) -> Run:

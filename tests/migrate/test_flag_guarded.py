@@ -66,3 +66,17 @@ def test_migrated_script_trains_like_the_original(migrated, flag):
         curve = [[step, loss] for step, loss in enumerate(before)]
         verdict = compare(curve, [[step, loss] for step, loss in enumerate(after)], DEFAULT_TOLERANCE)
         assert verdict.verdict == AGREE, verdict.reason
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag", ["0", "1"])
+def test_verify_agrees_with_the_flag_on_and_off(tmp_path, flag):
+    """`migrate --verify` itself, both ways: with the flag off the original never calls amp.initialize, so
+    it is measured as a script without amp (it used to fail with 'nothing was measured')."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("APEXLITE_")}
+    out = tmp_path / SCRIPT.name
+    ran = subprocess.run([sys.executable, "-m", "apexlite", "migrate", str(SCRIPT), "-o", str(out), "--verify",
+                          "--max-steps", "4", "--", "--fp16-run", flag, "--steps", str(STEPS)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=TIMEOUT_S, env=env)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert "verdict: AGREE" in ran.stdout, ran.stdout[-3000:]

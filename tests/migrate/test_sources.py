@@ -139,3 +139,43 @@ def test_two_migrated_files_train_like_the_originals_on_torch_alone(tmp_path):
     assert len(_losses(before.stdout)) == 6 and _losses(after.stdout) == pytest.approx(_losses(before.stdout),
                                                                                         rel=1e-3)
     assert "loss scale 65536.0" in before.stdout and "loss scale 65536.0" in after.stdout
+
+
+CALLER = """from pkg.trainer import train
+
+
+def fine_tune(loader, model, optimizer):
+    train(loader, model, optimizer, 0)
+"""
+
+
+def test_a_file_that_never_names_apex_but_calls_the_train_function_is_seen(monkeypatch):
+    """Files naming no apex are read only when they can reach amp's files (their text names the module):
+    a caller of train() that migrate did not read would lose its scaler silently."""
+    from apexlite.migrate import engine
+
+    parsed = []
+    parse = engine.parse
+    monkeypatch.setattr(engine, "parse", lambda source: parsed.append(source) or parse(source))
+    unrelated = "import os\nprint(os.sep)\n"
+    results = migrate_sources(_sources({"main": MAIN, "pkg/trainer": TRAINER, "tools/finetune": CALLER,
+                                        "tools/unrelated": unrelated}))
+    assert unrelated.encode() not in parsed and CALLER.encode() in parsed
+    assert results[Path("repo/tools/unrelated.py")].migrated == unrelated.encode()
+    caller = results[Path("repo/tools/finetune.py")]
+    # the caller passes an optimizer migrate cannot tie to amp's: train() cannot take the GradScaler, both
+    # sides keep amp and say so, rather than a train() that the caller would call without its scaler
+    assert results[Path("repo/pkg/trainer.py")].exit_status == 1
+    assert caller.migrated == CALLER.encode()
+
+
+def test_a_folder_is_migrated_jointly_from_the_command_line(tmp_path):
+    """`migrate DIR -o OUT`: the two-file example comes out with the GradScaler passed from one file into the
+    other, and one summary table."""
+    out = tmp_path / "out"
+    ran = subprocess.run([sys.executable, "-m", "apexlite", "migrate", str(TWO_FILES), "-o", str(out)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=TIMEOUT_S)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "train(batches, model, criterion, optimizer, scaler=scaler)" in (out / "train_main.py").read_text()
+    assert "def train(batches, model, criterion, optimizer, *, scaler):" in (out / "train_loop.py").read_text()
+    assert "train_main.py" in ran.stdout and "train_loop.py" in ran.stdout

@@ -30,6 +30,7 @@ from apexlite.compat.child_path.sitecustomize import LEGACY_TOP_LEVEL, REFUSED_E
 from apexlite.script_paths import Collection, collect, skipped_summary
 from apexlite.script_program import Program, load_program
 from apexlite.script_source import MAX_SOURCE_BYTES, NotPythonSource, ScriptSourceError
+from apexlite.wording import counted
 
 EXIT_STATUSES = (
     (0, "every apex API used is supported (possibly with differences)"),
@@ -317,7 +318,7 @@ def _main_many(found: Collection, as_json: bool) -> int:
         print(json.dumps({"files": reports, "skipped": skipped, "exit_status": exit_status}, indent=2))
         return exit_status
     total = len(found.targets)
-    print(f"total: {total} file(s) read: {using} use apex APIs, {total - using - refused} use none, "
+    print(f"total: {counted(total, 'file')} read: {using} use apex APIs, {total - using - refused} use none, "
           f"{refused} refused" + (f"; {skipped}" if skipped else ""))
     return exit_status
 

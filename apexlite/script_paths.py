@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set
 
+from apexlite.wording import counted
+
 SOURCE_SUFFIXES = (".py", ".ipynb")
 SKIPPED_FOLDER_NAMES = frozenset({"__pycache__", "site-packages", "dist-packages", "node_modules", "build", "dist"})
 ENVIRONMENT_MARKERS = ("pyvenv.cfg", "conda-meta")  # a folder holding one of these is an environment
@@ -114,9 +116,9 @@ def skipped_summary(found: Collection) -> Optional[str]:
             base = os.path.basename(path)
             names[base] = names.get(base, 0) + 1
         listed = ", ".join(name if count == 1 else f"{name} x{count}" for name, count in sorted(names.items()))
-        parts.append(f"{len(found.skipped_folders)} folder(s) ({listed})")
+        parts.append(f"{counted(len(found.skipped_folders), 'folder')} ({listed})")
     if found.skipped_links:
-        parts.append(f"{len(found.skipped_links)} symlink(s): " + "; ".join(found.skipped_links))
+        parts.append(f"{counted(len(found.skipped_links), 'symlink')}: " + "; ".join(found.skipped_links))
     return "skipped: " + ", ".join(parts) if parts else None
 
 

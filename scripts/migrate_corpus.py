@@ -110,7 +110,7 @@ def main() -> int:
     bad = [record for record in everything if record["outcome"] in (CRASH, INVALID)]
     for record in bad:
         print(f"\n{record['outcome']} {record['path']}:\n{record['detail']}")
-    print(f"\nslowest files (CPU s, lines):")
+    print("\nslowest files (CPU s, lines):")
     for record in sorted(everything, key=lambda r: -r["cpu_seconds"])[:args.slowest]:
         print(f"  {record['cpu_seconds']:7.2f}  {record['lines']}  {record['path']}  ({record['outcome']})")
     not_rewritten = [record for record in everything if record["outcome"] == "not rewritten"]

@@ -19,6 +19,8 @@ import sys
 import tokenize
 from typing import Dict, List, Tuple
 
+from apexlite.wording import counted
+
 INSTALL_HINT = "apexlite migrate needs libcst: pip install 'apexlite[migrate]'"
 EXIT_STATUSES = (
     (0, "migrated completely, or nothing to migrate (and --verify found it trains like the original)"),
@@ -217,7 +219,7 @@ def _main_many(files, found, args: argparse.Namespace) -> int:
             except WriteError as error:
                 item.write_error = str(error)
         how = (f"written under {args.output}: the files read, migrated or not" if args.output
-               else f"{len(written)} file(s) rewritten in place")
+               else f"{counted(len(written), 'file')} rewritten in place")
         stream = sys.stdout
     else:
         how, stream = "nothing written: add --in-place, -o OUTDIR or --diff", sys.stdout

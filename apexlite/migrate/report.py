@@ -7,6 +7,7 @@ from typing import Callable, List, Optional, Sequence
 
 from apexlite.migrate.engine import MigrationResult
 from apexlite.migrate.initialize import AUTOCAST, HALF, KEEP, NONE
+from apexlite.wording import counted
 
 
 RECIPES = {AUTOCAST: "torch.autocast({dtype})", HALF: "the model in {dtype}", NONE: "fp32", KEEP: "amp kept from apexlite"}
@@ -23,7 +24,7 @@ def recipe(result: MigrationResult) -> str:
 
 
 def _places(count: int) -> str:
-    return f"{count} place{'' if count == 1 else 's'} left for you"
+    return f"{counted(count, 'place')} left for you"
 
 
 def format_report(result: MigrationResult, script: str, shown_as: str,

@@ -7,6 +7,7 @@ from typing import Dict, List, Optional
 from apexlite.migrate.files import MIGRATED, NOT_REWRITTEN, REFUSED, TODOS, UNCHANGED, FileMigration
 from apexlite.migrate.report import format_table, recipe
 from apexlite.script_paths import Collection, skipped_summary
+from apexlite.wording import counted
 
 OUTCOMES = (MIGRATED, TODOS, NOT_REWRITTEN, UNCHANGED, REFUSED)
 WRITE_FAILED = "write failed"
@@ -35,8 +36,21 @@ def _todo_lines(item: FileMigration) -> List[str]:
     return out
 
 
+def _rerun_line(files: List[FileMigration]) -> List[str]:
+    """The options a second run needs for what the files choose at run time, named once for all of them."""
+    flags: List[str] = []
+    for item in files:
+        for flag in item.result.flags if item.result is not None else ():
+            if flag not in flags:
+                flags.append(flag)
+    if not flags:
+        return []
+    return [f"run migrate again with {' '.join(flags)} (or the values you train with) for the choices the scripts "
+            "make at run time"]
+
+
 def totals(files: List[FileMigration]) -> str:
-    """`7 file(s): 2 migrated, 1 with TODOs (3 TODOs), ...` (outcomes with no file left out)."""
+    """`7 files: 2 migrated, 1 with TODOs (3 TODOs), ...` (outcomes with no file left out)."""
     counts: Dict[str, int] = {outcome: 0 for outcome in (*OUTCOMES, WRITE_FAILED)}
     for item in files:
         counts[WRITE_FAILED if item.write_error is not None else item.outcome] += 1
@@ -44,8 +58,8 @@ def totals(files: List[FileMigration]) -> str:
     parts = []
     for outcome, count in counts.items():
         if count:
-            parts.append(f"{count} with TODOs ({todos} TODOs)" if outcome == TODOS else f"{count} {outcome}")
-    return f"{len(files)} file(s): " + (", ".join(parts) if parts else "none found")
+            parts.append(f"{count} with TODOs ({counted(todos, 'TODO')})" if outcome == TODOS else f"{count} {outcome}")
+    return f"{counted(len(files), 'file')}: " + (", ".join(parts) if parts else "none found")
 
 
 def format_summary(files: List[FileMigration], found: Collection, written: Dict[str, str], how: str) -> str:
@@ -60,6 +74,12 @@ def format_summary(files: List[FileMigration], found: Collection, written: Dict[
         lines += format_table(rows, ["file", "result", "TODOs", "details"])
     for item in files:
         lines += _todo_lines(item)
+    lines += _rerun_line(files)
+    for item in files:
+        if item.result is not None:
+            lines += [f"  note {item.path}: {note}" for note in item.result.notes]
+            if item.result.needs_apexlite:
+                lines.append(f"  note {item.path}: it imports apexlite (O2's amp), so it needs apexlite installed")
     skipped = skipped_summary(found)
     if skipped:
         lines.append(skipped)

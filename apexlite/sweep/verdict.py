@@ -144,7 +144,7 @@ def recommend(rows: List[Dict[str, Any]], baseline: Optional[Dict[str, Any]], no
         reason += f" ({baseline['step_time_ms'] / choice['step_time_ms']:.2f}x the speed of {label(baseline)})"
     ratio = relative_excess(choice["final_loss"], base_loss)
     reason += (f", final loss {ratio:+.1%} vs {label(baseline)}'s (tolerance {tolerance:.0%})" if choice is not
-               baseline else f", the baseline itself")
+               baseline else ", the baseline itself")
     others = [label(row) for row in ties if row is not choice]
     if others:
         reason += (f"; {', '.join(others)} within {TIE_MARGIN:.0%} of the fastest step time: "

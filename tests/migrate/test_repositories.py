@@ -194,10 +194,11 @@ def test_a_folder_without_an_output_mode_reports_and_writes_nothing(repo, capsys
     assert rows == {str(repo / "demo.ipynb"): ["migrated", "0"], str(repo / "pkg" / "dynamic.py"): ["TODOs", "1"],
                     str(repo / "pkg" / "py2.py"): ["refused", "-"], str(repo / "pkg" / "util.py"): ["unchanged", "0"],
                     str(repo / "train.py"): ["migrated", "0"]}
-    assert out.splitlines()[0] == ("apexlite migrate: 5 file(s): 2 migrated, 1 with TODOs (1 TODOs), 1 unchanged, "
+    assert out.splitlines()[0] == ("apexlite migrate: 5 files: 2 migrated, 1 with TODOs (1 TODO), 1 unchanged, "
                                    "1 refused")
     assert f"  TODO {repo / 'pkg' / 'dynamic.py'}:" not in out and f"  TODO {repo / 'pkg' / 'dynamic.py'} line " in out
-    assert "skipped: 1 folder(s) (.git)" in out
+    assert "skipped: 1 folder (.git)" in out
+    assert "run migrate again with --opt-level O1 (or the values you train with)" in out  # dynamic.py's run-time level
     assert out.rstrip().endswith("nothing written: add --in-place, -o OUTDIR or --diff")
     assert before == {path: path.read_bytes() for path in repo.rglob("*") if path.is_file()}
 
@@ -219,7 +220,7 @@ def test_a_folder_in_place_rewrites_only_what_changes(repo, capsys):
     (repo / "pkg" / "py2.py").unlink()
     assert cli.main([str(repo), "--in-place"]) == 1
     out = capsys.readouterr().out
-    assert "3 file(s) rewritten in place" in out
+    assert "3 files rewritten in place" in out
     assert (repo / "train.py").read_bytes() == EXPECTED and util.stat().st_mtime_ns == before
     assert "from apex import amp" not in "".join(json.loads((repo / "demo.ipynb").read_text())["cells"][1]["source"])
     assert (repo / ".git" / "hook.py").read_text() == "from apex import amp\n"

@@ -26,8 +26,9 @@ from apexlite import check
 from apexlite.migrate import apis
 from apexlite.migrate.amp_part import is_amp, plan_amp_files
 from apexlite.migrate.analysis import Analysis, parse
+from apexlite.migrate.applier import Applier
 from apexlite.migrate.device import CPU, CUDA, RUNTIME, detect
-from apexlite.migrate.edits import TODO_PREFIX, Applier, Plan, Todo, wrapped_comment
+from apexlite.migrate.edits import TODO_PREFIX, Plan, Todo, wrapped_comment
 from apexlite.migrate.imports import ImportPlanner
 from apexlite.migrate.leftovers import plan_leftovers
 from apexlite.migrate.initialize import KEEP, AmpSetup

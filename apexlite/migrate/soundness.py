@@ -15,6 +15,8 @@ import ast
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
+from apexlite.migrate.local_names import LocalNames, scope_body, target_names
+
 State = Optional[FrozenSet[str]]  # names definitely bound; None: no path gets here
 Read = Tuple[str, str]  # (scope's qualified name, name)
 
@@ -36,17 +38,6 @@ def _meet(*states: State) -> State:
 
 def _add(state: State, names) -> State:
     return None if state is None else state | frozenset(names)
-
-
-def _target_names(target: ast.AST) -> List[str]:
-    """Names a store target binds (`a`, `a, (b, *c)`); attributes and subscripts bind none."""
-    if isinstance(target, ast.Name):
-        return [target.id]
-    if isinstance(target, (ast.Tuple, ast.List)):
-        return [name for element in target.elts for name in _target_names(element)]
-    if isinstance(target, ast.Starred):
-        return _target_names(target.value)
-    return []
 
 
 def _is_main_guard(test: ast.AST) -> bool:
@@ -73,85 +64,6 @@ class _Scope:
     returns: List[State] = field(default_factory=list)  # the state at each `return`
 
 
-class _LocalNames(ast.NodeVisitor):
-    """The names a scope binds (its own statements; nested scopes only by their own name)."""
-
-    def __init__(self) -> None:
-        self.bound: Set[str] = set()
-        self.declared: Set[str] = set()
-
-    def visit_Name(self, node: ast.Name) -> None:
-        if isinstance(node.ctx, (ast.Store, ast.Del)):
-            self.bound.add(node.id)
-
-    def _named(self, node) -> None:
-        self.bound.add(node.name)
-        for decorator in node.decorator_list:
-            self.visit(decorator)
-
-    def visit_FunctionDef(self, node) -> None:
-        self._named(node)
-        for default in [*node.args.defaults, *node.args.kw_defaults]:
-            if default is not None:
-                self.visit(default)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self._named(node)
-        for base in [*node.bases, *(keyword.value for keyword in node.keywords)]:
-            self.visit(base)
-
-    def visit_Lambda(self, node: ast.Lambda) -> None:
-        for default in [*node.args.defaults, *node.args.kw_defaults]:
-            if default is not None:
-                self.visit(default)
-
-    def _comprehension(self, node) -> None:  # only walrus targets leak out of a comprehension
-        for inner in ast.walk(node):
-            if isinstance(inner, ast.NamedExpr) and isinstance(inner.target, ast.Name):
-                self.bound.add(inner.target.id)
-
-    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _comprehension
-
-    def visit_Import(self, node) -> None:
-        for alias in node.names:
-            if alias.name != "*":
-                self.bound.add(alias.asname or alias.name.split(".")[0])
-
-    visit_ImportFrom = visit_Import
-
-    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
-        if node.name:
-            self.bound.add(node.name)
-        self.generic_visit(node)
-
-    def visit_Global(self, node) -> None:
-        self.declared.update(node.names)
-
-    visit_Nonlocal = visit_Global
-
-    def visit_MatchAs(self, node) -> None:
-        if node.name:
-            self.bound.add(node.name)
-        self.generic_visit(node)
-
-    def visit_MatchStar(self, node) -> None:
-        if node.name:
-            self.bound.add(node.name)
-
-    def visit_MatchMapping(self, node) -> None:
-        if node.rest:
-            self.bound.add(node.rest)
-        self.generic_visit(node)
-
-
-def _scope_body(node: ast.AST) -> List[ast.AST]:
-    if isinstance(node, ast.Lambda):
-        return [node.body]
-    return list(node.body)
-
-
 class _Analyser:
     def __init__(self) -> None:
         self.undefined: Dict[Read, int] = {}
@@ -166,8 +78,8 @@ class _Analyser:
             own = getattr(node, "name", "<lambda>")
             name = own if parent.is_module else f"{parent.name}.{own}"
         scope = _Scope(name, node, parent, is_function=isinstance(node, _FUNCTIONS), is_module=parent is None)
-        finder = _LocalNames()
-        for statement in _scope_body(node):
+        finder = LocalNames()
+        for statement in scope_body(node):
             finder.visit(statement)
         if isinstance(node, _FUNCTIONS):
             arguments = node.args
@@ -257,7 +169,7 @@ class _Analyser:
         local = set(shadowed)
         for index, generator in enumerate(node.generators):
             self.expression(scope, generator.iter, state, frozenset(local) if index else shadowed)
-            local.update(_target_names(generator.target))
+            local.update(target_names(generator.target))
             for condition in generator.ifs:
                 self.expression(scope, condition, state, frozenset(local))
         elements = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
@@ -312,7 +224,7 @@ class _Analyser:
             for target in node.targets:
                 if not isinstance(target, ast.Name):
                     self.expression(scope, target, state)
-            return state - frozenset(name for target in node.targets for name in _target_names(target))
+            return state - frozenset(name for target in node.targets for name in target_names(target))
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             return _add(state, [alias.asname or alias.name.split(".")[0] for alias in node.names if alias.name != "*"])
         if isinstance(node, (ast.Global, ast.Nonlocal)):
@@ -364,7 +276,7 @@ class _Analyser:
             return self.expression(scope, target.value, state)
         if isinstance(target, ast.Subscript):
             return self.expression(scope, target.slice, self.expression(scope, target.value, state))
-        return _add(state, _target_names(target))
+        return _add(state, target_names(target))
 
     def _loop(self, scope: _Scope, node, state: State) -> State:
         context: dict = {"break": [], "continue": []}

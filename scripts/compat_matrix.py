@@ -10,6 +10,11 @@ this checkout (so the editable install's compiled extension of one torch never r
   5. suite:    python -m pytest (native path, where the O1 tests run both cast paths through the
                `cast_path` fixture), then again with APEXLITE_DISABLE_EXTENSION=1 (everything pure
                Python); `--suite-args` narrows both runs, `--suite-paths` picks them
+  6. plain install: pip install <copy> (not editable, pip's build isolation: what installing from an
+               index does, so nothing is compiled), then a first FusedAdam step and an O1 forward from
+               outside the tree with an empty TORCH_EXTENSIONS_DIR: the kernels are compiled on first
+               use; records which paths ran and whether anything printed "failed". It replaces step 1's
+               editable install, so it runs last; `--plain-only` adds it to an existing record.
 Results go to docs/compat_runs/torch-<version>.json (kept: they are the evidence), one file per torch, so
 versions can be measured one at a time; the table between the markers in docs/compatibility.md is
 rendered from every result file there, and the prose around it is left as written.
@@ -39,6 +44,20 @@ DOC = ROOT / "docs" / "compatibility.md"
 TEST_REQUIREMENTS = ["wrapt>=1.14", "pytest>=7", "hypothesis==6.170.15", "libcst==1.9.0", "setuptools", "wheel"]
 EXAMPLE = ["-m", "apexlite", "run", "examples/imagenet_amp.py", "--epochs", "1", "--steps-per-epoch", "5"]
 EXAMPLE_CASES = [(level, dtype) for level in ("O1", "O2") for dtype in ("float16", "bfloat16")]
+FIRST_USE = (
+    "import torch\n"
+    "from apexlite import amp, _ext\n"
+    "from apexlite.amp.o1 import native_casts\n"
+    "from apexlite.optimizers import FusedAdam, _adam_step\n"
+    "p = torch.nn.Parameter(torch.randn(1000))\n"
+    "optimizer = FusedAdam([p], lr=0.01)\n"
+    "for _ in range(3):\n"
+    "    p.grad = torch.randn(1000)\n"
+    "    optimizer.step()\n"
+    "model = amp.initialize(torch.nn.Linear(4, 4), opt_level='O1', dtype=torch.bfloat16, verbosity=0)\n"
+    "print('FIRST-USE', _ext.status().source, _adam_step.resolve('auto', p.device), native_casts.status())\n"
+)
+TORCH_NUMPY_NOTE = "ignore:Failed to initialize NumPy"
 START, END = "<!-- compat_matrix.py: start -->", "<!-- compat_matrix.py: end -->"
 COPY_IGNORE = shutil.ignore_patterns(".git", "build", ".venv*", "out", "*.so", "__pycache__", "*.egg-info",
                                      ".pytest_cache")
@@ -112,7 +131,21 @@ def measure(venv: Path, extra_env: Dict[str, str], suite_args: List[str], suite_
             steps["suite native"] = run(pytest, tree, env, timeout)
         if "python" in suite_paths:
             steps["suite python"] = run(pytest, tree, dict(env, APEXLITE_DISABLE_EXTENSION="1"), timeout)
+        steps.update(measure_plain(python, env, timeout))
     return result
+
+
+def measure_plain(python: str, env: Dict[str, str], timeout: float) -> Dict[str, dict]:
+    """Step 6: a plain (non-editable, build-isolated) install of a fresh copy, and its first use."""
+    with tempfile.TemporaryDirectory(prefix="apexlite-plain-") as scratch:
+        tree = Path(scratch) / "apexlite"
+        shutil.copytree(ROOT, tree, ignore=COPY_IGNORE)
+        steps = {"plain install": run([python, "-m", "pip", "install", "--no-deps", "--force-reinstall", str(tree)],
+                                      Path(scratch), env, timeout)}
+        first_env = dict(env, TORCH_EXTENSIONS_DIR=str(Path(scratch) / "extensions"),
+                         PYTHONWARNINGS=TORCH_NUMPY_NOTE)  # torch's own note about a venv without numpy
+        steps["first use"] = run([python, "-c", FIRST_USE], Path(scratch), first_env, timeout)
+    return steps
 
 
 def cell(result: dict, name: str) -> str:
@@ -123,6 +156,17 @@ def cell(result: dict, name: str) -> str:
         return example_summary(step)
     if name.startswith("suite"):
         return f"{pytest_summary(step)} ({step['seconds'] / 60:.0f} min)"
+    if name == "plain install":
+        said = "failed" in " ".join(step["tail"]).lower()
+        return f"exit {step['status']} in {step['seconds']:.0f} s; 'failed' printed: {'yes' if said else 'no'}"
+    if name == "first use":
+        said = "failed" in " ".join(step["tail"]).lower()
+        paths = [line.split()[1:] for line in step["tail"] if line.startswith("FIRST-USE")]
+        if step["status"] != 0 or not paths:
+            return f"exit {step['status']}: {(step['tail'] or ['no output'])[-1]}"
+        source, adam, casts = paths[-1]
+        return (f"exit 0 in {step['seconds']:.0f} s: CPU library {source}, FusedAdam {adam}, O1 casts {casts}; "
+                f"'failed' printed: {'yes' if said else 'no'}")
     if name == "native":
         lines = [line for line in step["tail"] if line.startswith(("O1 casts", "CastWrapper"))]
         return "built: " + "; ".join(lines) if step["status"] == 0 else f"not built: {step['tail'][-1:]}"
@@ -137,7 +181,7 @@ def render(results: List[dict]) -> str:
     """The table and the record of how it was measured (what goes between the markers)."""
     results = sorted(results, key=lambda r: [int(p) for p in re.findall(r"\d+", r["facts"]["torch"])[:3]])
     names = ["install", "native", "doctor"] + [f"example {l} {d}" for l, d in EXAMPLE_CASES] + [
-        "suite native", "suite python"]
+        "suite native", "suite python", "plain install", "first use"]
     lines = ["| step | " + " | ".join(f"torch {r['facts']['torch']}" for r in results) + " |",
              "|" + " --- |" * (len(results) + 1)]
     for name in names:
@@ -155,6 +199,10 @@ def render(results: List[dict]) -> str:
             command = f"APEXLITE_DTYPE={name.split()[-1]} {command}"
         elif name == "suite python":
             command = f"APEXLITE_DISABLE_EXTENSION=1 {command}"
+        elif name == "plain install":
+            command = "python -m pip install --no-deps --force-reinstall COPY  (from outside the copy)"
+        elif name == "first use":
+            command = "TORCH_EXTENSIONS_DIR=<empty> python -c FIRST_USE  (scripts/compat_matrix.py)"
         lines.append(f"- {name}: `{command}`")
     return "\n".join(lines)
 
@@ -179,6 +227,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="comma-separated suite runs: native (as installed), python "
                              "(APEXLITE_DISABLE_EXTENSION=1); 'none' runs neither (default: native,python)")
     parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds per step")
+    parser.add_argument("--plain-only", action="store_true",
+                        help="only step 6, added to the venv's torch's existing record")
     parser.add_argument("--render-only", action="store_true", help="rewrite the table from docs/compat_runs/*.json")
     args = parser.parse_args(argv)
     extra_env = dict(item.split("=", 1) for item in args.env)
@@ -188,6 +238,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             if index >= len(args.torch):
                 parser.error(f"{venv} has no bin/python; give --torch VERSION to create it")
             create_venv(venv, args.torch[index])
+        if args.plain_only:
+            python = str(venv / "bin" / "python")
+            out = RESULTS / f"torch-{interpreter_facts(python)['torch']}.json"
+            result = json.loads(out.read_text())
+            result["steps"].update(measure_plain(python, dict(os.environ, **extra_env), args.timeout))
+            result["plain_date"] = datetime.date.today().isoformat()
+            out.write_text(json.dumps(result, indent=1) + "\n")
+            print(f"compat: plain install of torch {result['facts']['torch']} -> {out}")
+            continue
         result = measure(venv, extra_env, args.suite_args.split(), args.suite_paths.split(","), args.timeout)
         result["date"] = datetime.date.today().isoformat()
         result["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform(terse=True)}"

@@ -9,7 +9,6 @@ temporary TORCH_EXTENSIONS_DIR: minutes, so it is marked slow.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests._helpers.user_env import user_environment
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,8 +48,7 @@ amp.deinitialize()
 """
 
 
-# A user's shell: none of apexlite's own switches (CI sets APEXLITE_REQUIRE_EXTENSION for its own install).
-USER_ENV = {name: value for name, value in os.environ.items() if not name.startswith("APEXLITE_")}
+USER_ENV = user_environment()
 
 
 def _run(command, **kwargs):

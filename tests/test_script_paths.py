@@ -33,7 +33,7 @@ def test_walk_takes_sources_and_skips_environments_and_build_output(repo):
     assert found.several and found.folders == [str(repo)]
     skipped = sorted(os.path.relpath(path, repo) for path in found.skipped_folders)
     assert skipped == [".git", ".venv", "build", "conda", "dist", "env", "pkg/__pycache__", "src/site-packages"]
-    assert skipped_summary(found).startswith("skipped: 8 folder(s) (.git, .venv, __pycache__, build, conda, dist, "
+    assert skipped_summary(found).startswith("skipped: 8 folders (.git, .venv, __pycache__, build, conda, dist, "
                                              "env, site-packages)")
 
 

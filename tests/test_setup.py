@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests._helpers.user_env import user_environment
 from tests.test_packaging import NOT_SHIPPED, QUIET_TORCH
 
 pytestmark = [pytest.mark.slow,
@@ -53,9 +54,8 @@ def editable_install(tmp_path):
     compiler.parent.mkdir()
     compiler.write_text(FAILING_COMPILER.replace("REAL", shutil.which("c++")))
     compiler.chmod(compiler.stat().st_mode | stat.S_IEXEC)
-    env = dict(os.environ, CXX=str(compiler), PATH=f"{compiler.parent}{os.pathsep}{os.environ['PATH']}",
-               TORCH_EXTENSIONS_DIR=str(tmp_path / "extensions"), PYTHONWARNINGS=QUIET_TORCH)
-    env.pop("APEXLITE_REQUIRE_EXTENSION", None)
+    env = user_environment(CXX=str(compiler), PATH=f"{compiler.parent}{os.pathsep}{os.environ['PATH']}",
+                           TORCH_EXTENSIONS_DIR=str(tmp_path / "extensions"), PYTHONWARNINGS=QUIET_TORCH)
 
     def run(*args, **extra_env):
         return subprocess.run([str(python), *args], cwd=checkout, env=dict(env, **extra_env), capture_output=True,
@@ -101,8 +101,7 @@ def test_require_extension_turns_the_failure_into_an_install_error(editable_inst
 def test_without_a_compiler_nothing_is_tried_and_it_is_said_once(tmp_path):
     checkout = tmp_path / "checkout"
     shutil.copytree(ROOT, checkout, ignore=NOT_SHIPPED)
-    env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), PYTHONWARNINGS=QUIET_TORCH)
-    env.pop("APEXLITE_REQUIRE_EXTENSION", None)
+    env = user_environment(CXX=str(tmp_path / "no-such-compiler"), PYTHONWARNINGS=QUIET_TORCH)
     done = subprocess.run([sys.executable, "setup.py", "build_py", "--build-lib", str(tmp_path / "lib"), "build_ext"],
                           cwd=checkout, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

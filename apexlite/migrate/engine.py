@@ -215,8 +215,10 @@ def _soundness_error(wrapper: MetadataWrapper, source: bytes, applied: _Applied)
     if error is not None:
         return error, []
     lost = _lost_names(_unbound_names(wrapper), applied)
-    if lost:
-        return f"it would read {', '.join(sorted(lost))} without defining it (a migrate bug: please report it)", []
+    never_bound = lost & _symbols(migrated)[0]  # the rest is bound somewhere, only read before it: the flow check's
+    if never_bound:
+        return (f"it would read {', '.join(sorted(never_bound))} without defining it (a migrate bug: please "
+                "report it)"), []
     before = undefined_reads(source)
     partial = sorted({name for (scope, name) in undefined_reads(migrated) if (scope, name) not in before})
     if partial:
@@ -227,7 +229,7 @@ def _soundness_error(wrapper: MetadataWrapper, source: bytes, applied: _Applied)
 def _refusal(names: List[str], where: str) -> str:
     shown = ", ".join(f"`{name}`" for name in names)
     return (f"migrate's rewrite of amp would read {shown}{where} on a path that does not define it (amp.initialize "
-            "runs inside a `try`, loop or branch that other paths skip): create the GradScaler and the device "
+            "runs inside a `try`, loop or branch that other paths skip, or after that use): create the GradScaler and the device "
             "where every path that uses them runs, with `enabled=` saying when amp is on, or keep apexlite's "
             "amp (`from apexlite import amp`)")
 

@@ -7,9 +7,9 @@ model = torch.nn.Linear(2, 2)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
 try:
     # TODO(apexlite migrate): migrate's rewrite of amp would read `scaler` on a path that does not
-    #     define it (amp.initialize runs inside a `try`, loop or branch that other paths skip): create
-    #     the GradScaler and the device where every path that uses them runs, with `enabled=` saying
-    #     when amp is on, or keep apexlite's amp (`from apexlite import amp`)
+    #     define it (amp.initialize runs inside a `try`, loop or branch that other paths skip, or after
+    #     that use): create the GradScaler and the device where every path that uses them runs, with
+    #     `enabled=` saying when amp is on, or keep apexlite's amp (`from apexlite import amp`)
     model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
 except RuntimeError as error:
     print("training in fp32:", error)

@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests._helpers.user_env import user_environment
+from tests._helpers.user_env import QUIET_TORCH, user_environment
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 NOT_SHIPPED = shutil.ignore_patterns(".git", "build", "dist", ".venv*", "*.egg-info", "__pycache__", "*.so", "*.o",
                                      "_build_record.json", "_csrc", ".pytest_cache", "out", "gpu_check_results")
-QUIET_TORCH = "ignore:Failed to initialize NumPy"  # torch's own note about a venv without numpy
 FIRST_STEP = """
 import torch
 from apexlite import amp, _ext

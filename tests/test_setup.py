@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests._helpers.user_env import user_environment
-from tests.test_packaging import NOT_SHIPPED, QUIET_TORCH
+from tests._helpers.user_env import QUIET_TORCH, user_environment
+from tests.test_packaging import NOT_SHIPPED
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler for version queries")]

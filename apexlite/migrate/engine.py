@@ -215,7 +215,8 @@ def _soundness_error(wrapper: MetadataWrapper, source: bytes, applied: _Applied)
     if error is not None:
         return error, []
     lost = _lost_names(_unbound_names(wrapper), applied)
-    never_bound = lost & _symbols(migrated)[0]  # the rest is bound somewhere, only read before it: the flow check's
+    # a lost name bound somewhere is only read before its binding: the flow check below reports it
+    never_bound = lost & _symbols(migrated)[0] if lost else set()
     if never_bound:
         return (f"it would read {', '.join(sorted(never_bound))} without defining it (a migrate bug: please "
                 "report it)"), []

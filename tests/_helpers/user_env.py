@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from typing import Dict
 
+QUIET_TORCH = "ignore:Failed to initialize NumPy"  # PYTHONWARNINGS for torch's own note about a venv without numpy
+
 
 def user_environment(**extra: str) -> Dict[str, str]:
     """os.environ minus every APEXLITE_* variable, plus `extra`."""

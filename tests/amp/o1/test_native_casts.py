@@ -9,8 +9,7 @@ from apexlite import amp, doctor
 from apexlite.amp.o1 import native_casts
 from apexlite.amp.o1.cache import CastCache
 from apexlite.amp.session import current_session
-from tests._helpers.user_env import user_environment
-from tests.test_packaging import QUIET_TORCH
+from tests._helpers.user_env import QUIET_TORCH, user_environment
 
 
 def test_a_built_extension_gives_the_native_path():

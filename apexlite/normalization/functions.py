@@ -52,7 +52,7 @@ def _layer_norm_grads(ctx: Any, grad_output: torch.Tensor):
     grad_input, grad_weight, grad_bias = kernels.layer_norm_backward(
         grad_output, mean, invvar, input_or_output, ctx.normalized_shape, weight, bias, ctx.eps,
         ctx.memory_efficient)
-    return grad_input.to(ctx.input_dtype), grad_weight, grad_bias
+    return kernels.as_dtype(grad_input, ctx.input_dtype), grad_weight, grad_bias
 
 
 class FusedLayerNormAffineFunction(torch.autograd.Function):
@@ -94,6 +94,7 @@ class LayerNormWithStatsFunction(torch.autograd.Function):
     def forward(ctx, input, weight, bias, normalized_shape, eps, memory_efficient=False):
         output, mean, invvar = _layer_norm_forward(ctx, input, weight, bias, normalized_shape, eps,
                                                    memory_efficient, input.dtype)
+        mean, invvar = mean.clone(), invvar.clone()  # not views of saved tensors: NOTE [no aliased returns]
         ctx.mark_non_differentiable(mean, invvar)
         return output, mean, invvar
 
@@ -118,7 +119,7 @@ def _rms_norm_grads(ctx: Any, grad_output: torch.Tensor):
     input_or_output, weight, invvar = ctx.saved_tensors
     grad_input, grad_weight = kernels.rms_norm_backward(grad_output, invvar, input_or_output, ctx.normalized_shape,
                                                           weight, ctx.eps, ctx.memory_efficient)
-    return grad_input.to(ctx.input_dtype), grad_weight
+    return kernels.as_dtype(grad_input, ctx.input_dtype), grad_weight
 
 
 class FusedRMSNormAffineFunction(torch.autograd.Function):
@@ -159,6 +160,7 @@ class RMSNormWithStatsFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weight, normalized_shape, eps, memory_efficient=False):
         output, invvar = _rms_norm_forward(ctx, input, weight, normalized_shape, eps, memory_efficient, input.dtype)
+        invvar = invvar.clone()  # not a view of a saved tensor: NOTE [no aliased returns] in kernels.py
         ctx.mark_non_differentiable(invvar)
         return output, invvar
 

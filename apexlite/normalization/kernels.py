@@ -6,6 +6,15 @@ for, and `mean`/`invvar` come back flat (one value per normalised row), as apex 
 `input_or_output` in the backward is the saved input, or with `memory_efficient` the saved output,
 from which the normalised values are recovered (dividing by the weight, its magnitude clamped to at
 least eps, as apex's kernels did).
+
+NOTE [no aliased returns]
+A dtype conversion that changes nothing is skipped (`as_dtype`), never written as `t.to(dtype)`:
+that returns the same tensor under a second name, and torch 2.11's torch.compile, tracing an
+autograd.Function whose forward returns such a tensor, routes the backward's incoming gradient to
+the wrong output (pytorch#180642): compiled input gradients came out zero on CPU and CUDA alike.
+For the same reason the `*WithStats` Functions return copies of the flat statistics, not views of
+the tensors they save (2.11 refused those: "element 1 of tensors does not require grad").
+tests/normalization/test_compiled_norms.py compares compiled with eager forward and backward.
 """
 from __future__ import annotations
 
@@ -53,8 +62,12 @@ def _rows(input: Tensor, shape: Sequence[int]) -> Tuple[int, ...]:
     return tuple(input.shape[:input.dim() - len(shape)]) + (1,) * len(shape)
 
 
-def _as(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
-    return None if t is None else t.to(dtype)
+def as_dtype(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
+    """`t` in `dtype`: the tensor itself when it already is (never a no-op `.to()`, see NOTE [no aliased
+    returns]), None for None."""
+    if t is None or t.dtype == dtype:
+        return t
+    return t.to(dtype)
 
 
 def _clamp_by_magnitude(weight: Tensor, eps: float) -> Tensor:
@@ -72,9 +85,9 @@ def layer_norm_forward(input: Tensor, shape: Tuple[int, ...], weight: Optional[T
     """(output in out_dtype, mean, invvar); mean and invvar flat, in the statistics dtype."""
     compute = stats_dtype(input.dtype)
     with autocast_off(input.device.type):
-        output, mean, invvar = torch.native_layer_norm(input.to(compute), list(shape), _as(weight, compute),
-                                                       _as(bias, compute), eps)
-    return output.to(out_dtype), mean.reshape(-1), invvar.reshape(-1)
+        output, mean, invvar = torch.native_layer_norm(as_dtype(input, compute), list(shape), as_dtype(weight, compute),
+                                                       as_dtype(bias, compute), eps)
+    return as_dtype(output, out_dtype), mean.reshape(-1), invvar.reshape(-1)
 
 
 def layer_norm_backward(grad_output: Tensor, mean: Optional[Tensor], invvar: Tensor, input_or_output: Tensor,
@@ -83,20 +96,20 @@ def layer_norm_backward(grad_output: Tensor, mean: Optional[Tensor], invvar: Ten
     """Gradients for (input, weight, bias) in their own dtypes (None for a missing parameter)."""
     compute = stats_dtype(input_or_output.dtype)
     rows = _rows(input_or_output, shape)
-    grad = grad_output.to(compute)
-    weight_c, bias_c = _as(weight, compute), _as(bias, compute)
+    grad = as_dtype(grad_output, compute)
+    weight_c, bias_c = as_dtype(weight, compute), as_dtype(bias, compute)
     with autocast_off(input_or_output.device.type):
         if memory_efficient:
-            grads = _layer_norm_backward_from_output(grad, invvar.reshape(rows), input_or_output.to(compute),
+            grads = _layer_norm_backward_from_output(grad, invvar.reshape(rows), as_dtype(input_or_output, compute),
                                                      shape, weight_c, bias_c, eps)
         else:
             mask = [True, weight is not None, bias is not None]
             grads = torch.ops.aten.native_layer_norm_backward(
-                grad, input_or_output.to(compute), list(shape), mean.reshape(rows), invvar.reshape(rows),
+                grad, as_dtype(input_or_output, compute), list(shape), mean.reshape(rows), invvar.reshape(rows),
                 weight_c, bias_c, mask)
     grad_input, grad_weight, grad_bias = grads
-    return (grad_input.to(input_or_output.dtype), _as(grad_weight, weight.dtype) if weight is not None else None,
-            _as(grad_bias, bias.dtype) if bias is not None else None)
+    return (as_dtype(grad_input, input_or_output.dtype), as_dtype(grad_weight, weight.dtype) if weight is not None else None,
+            as_dtype(grad_bias, bias.dtype) if bias is not None else None)
 
 
 def _layer_norm_backward_from_output(grad: Tensor, invvar: Tensor, output: Tensor, shape: Tuple[int, ...],
@@ -121,12 +134,12 @@ def rms_norm_forward(input: Tensor, shape: Tuple[int, ...], weight: Optional[Ten
     """(output in out_dtype, invvar); invvar = 1/sqrt(mean(x^2) + eps), flat, in the statistics dtype."""
     compute = stats_dtype(input.dtype)
     with autocast_off(input.device.type):
-        x = input.to(compute)
+        x = as_dtype(input, compute)
         invvar = torch.rsqrt(x.square().mean(_dims(shape), keepdim=True) + eps)
         output = x * invvar
         if weight is not None:
-            output = output * weight.to(compute)
-    return output.to(out_dtype), invvar.reshape(-1)
+            output = output * as_dtype(weight, compute)
+    return as_dtype(output, out_dtype), invvar.reshape(-1)
 
 
 def rms_norm_backward(grad_output: Tensor, invvar: Tensor, input_or_output: Tensor, shape: Tuple[int, ...],
@@ -136,9 +149,9 @@ def rms_norm_backward(grad_output: Tensor, invvar: Tensor, input_or_output: Tens
     dims, count = _dims(shape), float(torch.Size(shape).numel())
     with autocast_off(input_or_output.device.type):
         invvar = invvar.reshape(_rows(input_or_output, shape))
-        grad = grad_output.to(compute)
-        saved = input_or_output.to(compute)
-        weight_c = _as(weight, compute)
+        grad = as_dtype(grad_output, compute)
+        saved = as_dtype(input_or_output, compute)
+        weight_c = as_dtype(weight, compute)
         if memory_efficient:
             normed = saved if weight is None else saved / _clamp_by_magnitude(weight_c, eps)
             sum_weighted = (grad * saved).sum(dims, keepdim=True)
@@ -147,5 +160,5 @@ def rms_norm_backward(grad_output: Tensor, invvar: Tensor, input_or_output: Tens
             sum_weighted = (grad * normed * (1.0 if weight is None else weight_c)).sum(dims, keepdim=True)
         grad_normed = grad if weight is None else grad * weight_c
         grad_input = (invvar / count) * (count * grad_normed - normed * sum_weighted)
-        grad_weight = None if weight is None else _sum_to_param(grad * normed, shape).to(weight.dtype)
-    return grad_input.to(input_or_output.dtype), grad_weight
+        grad_weight = None if weight is None else as_dtype(_sum_to_param(grad * normed, shape), weight.dtype)
+    return as_dtype(grad_input, input_or_output.dtype), grad_weight

@@ -28,3 +28,11 @@ def unchanged_since(before: Dict[str, Any]) -> bool:
     """True when every patch target still holds the very object it held in `before` (compared with `is`)."""
     after = snapshot_patch_targets()
     return after.keys() == before.keys() and all(after[key] is value for key, value in before.items())
+
+
+def warm_up_torch_compile() -> None:
+    """Run torch.compile once, at import of a test module that compiles: torch's first compiled call
+    wraps torch.jit.trace/trace_module itself, which the patch guard would otherwise blame on a test."""
+    import torch
+
+    torch.compile(lambda t: t + 1, backend="aot_eager")(torch.ones(1))

@@ -9,6 +9,9 @@ import pytest
 import torch
 
 from apexlite import amp
+from tests._helpers.torch_snapshot import warm_up_torch_compile
+
+warm_up_torch_compile()
 
 pytestmark = [pytest.mark.usefixtures("cast_path"),  # native and pure-Python O1 casts
               pytest.mark.skipif(not hasattr(torch, "compile"), reason="needs torch.compile")]

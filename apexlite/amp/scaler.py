@@ -5,23 +5,21 @@ halve the scale (never below `min_loss_scale` when one is set, nor below SCALE_F
 is still a comfortable float32) and restart the clean-step count; after `scale_window` consecutive
 clean `scale_loss` exits double it (never above `max_loss_scale`).
 
-Overflow detection is one fused device-side pass per (device, dtype) group
-(`torch._amp_foreach_non_finite_check_and_unscale_`) that unscales and sets a `found_inf` tensor;
-the only host sync is reading that flag once in `update_scale`.
+Overflow detection is one device-side pass per (device, dtype) group that unscales and sets a
+`found_inf` tensor (`unscale.py`); the only host sync is reading that flag once in `update_scale`.
 """
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
 import torch
 
 from apexlite._logging import get_logger
 from apexlite.amp.errors import AmpConfigError, NonFiniteLossError
+from apexlite.amp.unscale import FoundInf, unscale_and_check
 
 LossScaleSpec = Union[float, str]
-FoundInf = Dict[torch.device, torch.Tensor]
 # Makes the found-inf flags agree across processes before they are read (see NOTE [overflow agreement]
 # in apexlite/parallel/overflow.py, which provides the distributed one).
 OverflowSync = Callable[[FoundInf], None]
@@ -44,30 +42,6 @@ def next_scale(scale: float, unskipped: int, overflow: bool, *, scale_factor: fl
     if unskipped == scale_window:
         return min(max_loss_scale, scale * scale_factor), 0
     return scale, unskipped
-
-
-def _unscale_fallback(grads: List[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
-    """The same contract as torch's fused op, for builds that lack it on this device."""
-    norms = torch._foreach_norm(grads, float("inf"))
-    found_inf.add_((~torch.isfinite(torch.stack(norms))).any().to(found_inf.dtype)).clamp_(max=1.0)
-    torch._foreach_mul_(grads, inv_scale)
-
-
-def unscale_and_check(grads: Iterable[torch.Tensor], inv_scale: float,
-                      found_inf: Dict[torch.device, torch.Tensor]) -> None:
-    """Multiply `grads` in place by `inv_scale` and flag non-finite values per device (no host sync)."""
-    groups: Dict[torch.device, List[torch.Tensor]] = defaultdict(list)
-    for grad in grads:
-        groups[grad.device].append(grad)
-    for device, group in groups.items():
-        flag = found_inf.get(device)
-        if flag is None:
-            flag = found_inf[device] = torch.zeros(1, dtype=torch.float32, device=device)
-        inv = torch.full((1,), inv_scale, dtype=torch.float32, device=device)
-        try:
-            torch._amp_foreach_non_finite_check_and_unscale_(group, flag, inv)
-        except (RuntimeError, NotImplementedError):
-            _unscale_fallback(group, flag, inv)
 
 
 class LossScaler:

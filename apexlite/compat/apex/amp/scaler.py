@@ -14,7 +14,7 @@ import torch
 
 from apexlite.compat import generic
 from apexlite.amp.scaler import LossScaler as _LossScaler
-from apexlite.amp.scaler import unscale_and_check
+from apexlite.amp.unscale import unscale_and_check
 
 # apex-only attributes a pickled apex scaler carries and apexlite has no use for
 _APEX_ONLY = ("_overflow_buf",)

@@ -2,22 +2,25 @@
 
 Where amp replaces `optimizer.step`, where it uses step hooks instead, and how a step after an
 overflow is skipped is described in optimizer_step.py. Gradient bookkeeping is delegated to a
-strategy: `PlainGrads` (O0/O1/O3: grads live on the params the optimizer steps), `MasterParams`
-(O2: fp32 masters, see master.py) or `FusedMasterGrads` (O2 with an optimizer that keeps the
-masters and unscales in its own step, see fused_master.py).
+strategy (grad_strategy.GradStrategy): `PlainGrads` (O0/O1/O3: grads live on the params the optimizer
+steps), `MasterParams` (O2: fp32 masters, see master.py) or `FusedMasterGrads` (O2 with an optimizer
+that keeps the masters and unscales in its own step, see fused_master.py).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from apexlite._logging import get_logger
-from apexlite.amp.checkpoint_convert import copy_masters_into_params, take_masters_for_params
+from apexlite.amp.checkpoint_convert import copy_masters_into_params, take_masters_for_params, without_marker
 from apexlite.amp.errors import AmpUsageError, AmpStateError
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.optimizer_step import OneShotSkip, bind_amp_step, replaces_step
 from apexlite.amp.scaler import LossScaler
+
+if TYPE_CHECKING:
+    from apexlite.amp.grad_strategy import GradStrategy
 
 log = get_logger("amp")
 
@@ -40,6 +43,7 @@ class PlainGrads:
     def __init__(self, optimizer: Any, params_fn: Optional[Callable[[], List[torch.Tensor]]] = None,
                  models_fn: Callable[[], List[torch.nn.Module]] = list) -> None:
         self.optimizer = optimizer
+        self.update_finished = False  # PlainGrads has no post-hook: AmpOptimizer finishes its steps
         self._params_fn = params_fn
         self._models_fn = models_fn
         self._stash: List[Tuple[torch.Tensor, torch.Tensor]] = []
@@ -50,7 +54,7 @@ class PlainGrads:
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """The optimizer's own load; an O2 checkpoint's fp32 masters are copied into the params."""
-        state_dict = dict(state_dict)
+        state_dict = without_marker(state_dict)
         pairs = take_masters_for_params(state_dict, optimizer_params(self.optimizer), self._models_fn())
         self._load_state_dict(state_dict)
         copy_masters_into_params(pairs, self.optimizer)
@@ -128,7 +132,7 @@ class PlainGrads:
 class AmpOptimizer:
     """What apexlite knows about one optimizer passed to `initialize`."""
 
-    def __init__(self, optimizer: Any, session: Any, grads: Any) -> None:
+    def __init__(self, optimizer: Any, session: Any, grads: "GradStrategy") -> None:
         self.optimizer = optimizer
         self.session = session
         self.grads = grads
@@ -161,12 +165,10 @@ class AmpOptimizer:
         else:
             label = type(self.optimizer).__name__
             patcher.add_handle(self.optimizer.register_step_pre_hook(self._before_hooked_step),
-                               f"{label} step pre-hook")
+                               f"{label} step pre-hook", owner=self.optimizer)
             patcher.add_handle(self.optimizer.register_step_post_hook(self._after_hooked_step),
-                               f"{label} step post-hook")
-        install = getattr(self.grads, "install", None)
-        if install is not None:
-            install(patcher)
+                               f"{label} step post-hook", owner=self.optimizer)
+        self.grads.install(patcher)
 
     # --- backward bookkeeping, called by scale_loss ---------------------------------------------
     def prepare_backward(self) -> None:
@@ -254,7 +256,7 @@ class AmpOptimizer:
         """The step raised (NOTE [the masters are the truth] in master.py). Where its update had finished
         (a later post-hook raised) it is done as any other step; otherwise the grad strategy makes the
         model follow whatever the masters hold and keeps the grads for a retry."""
-        if getattr(self.grads, "update_finished", False):
+        if self.grads.update_finished:
             self._step_done()
             return
         self.session.cache.clear()

@@ -1,7 +1,6 @@
 """`initialize`, `deinitialize`, `state_dict`, `load_state_dict` and `master_params`."""
 from __future__ import annotations
 
-import os
 import re
 from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -11,78 +10,22 @@ import torch
 from apexlite.amp import checks
 from apexlite.amp.advice import warn_known_traps
 from apexlite.amp.amp_optimizer import AmpOptimizer, PlainGrads
+from apexlite.amp.checkpoint_convert import check_masters_not_dropped
 from apexlite.amp.errors import AmpConfigError
 from apexlite.amp.fused_master import FusedMasterGrads, supports_fused_master_step
+from apexlite.amp.handle import AmpHandle
 from apexlite.amp.legacy_state import legacy_flags
 from apexlite.amp.master import MasterParams
 from apexlite.amp.model_cast import cast_model, install_forward_scope, install_io_casts
 from apexlite.amp.o1.patches import set_o1_patches
-from apexlite.amp.opt_levels import (
-    LOW_PRECISION_DTYPES, OPT_LEVELS, Properties, banner, resolve_properties,
-    unknown_opt_level_message,
-)
+from apexlite.amp.environment import apply_environment, loss_scale_from_environment
+from apexlite.amp.opt_levels import Properties, banner, resolve_properties
 from apexlite.amp.o1.registry import PendingRegistrations
 from apexlite.amp.scaler import parse_scaler_state
 from apexlite.amp.session import (
     DEFAULT_MAX_NONFINITE_LOSSES, AmpSession, ForwardScopeEnd, ForwardScopeStart, SessionOptions, current_session, log,
 )
 from apexlite.amp.transaction import InitializeTransaction
-
-OPT_LEVEL_ENV = "APEXLITE_OPT_LEVEL"
-DTYPE_ENV = "APEXLITE_DTYPE"
-LOSS_SCALE_ENV = "APEXLITE_LOSS_SCALE"
-DTYPE_NAMES = {
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-}
-
-
-def parse_dtype(value: Any, source: str = "dtype") -> torch.dtype:
-    """torch.float16/bfloat16 or one of their names; anything else is a clear error."""
-    if value in LOW_PRECISION_DTYPES:
-        return value
-    name = str(value).replace("torch.", "").lower()
-    if name in DTYPE_NAMES:
-        return DTYPE_NAMES[name]
-    raise AmpConfigError(
-        f"{source} must be torch.float16 or torch.bfloat16 (or 'float16'/'bfloat16'); got {value!r}."
-    )
-
-
-def _apply_environment(opt_level: Any, dtype: Any) -> Tuple[Any, torch.dtype]:
-    """APEXLITE_OPT_LEVEL / APEXLITE_DTYPE let unchanged scripts switch level or dtype."""
-    env_level = os.environ.get(OPT_LEVEL_ENV)
-    if env_level:
-        if env_level not in OPT_LEVELS:
-            raise AmpConfigError(f"{OPT_LEVEL_ENV}: " + unknown_opt_level_message(env_level))
-        if env_level != opt_level:
-            log.info("%s=%s overrides opt_level=%r", OPT_LEVEL_ENV, env_level, opt_level)
-        opt_level = env_level
-    env_dtype = os.environ.get(DTYPE_ENV)
-    if env_dtype:
-        parsed = parse_dtype(env_dtype, DTYPE_ENV)
-        log.info("%s=%s selects the low-precision dtype %s", DTYPE_ENV, env_dtype, parsed)
-        return opt_level, parsed
-    return opt_level, parse_dtype(torch.float16 if dtype is None else dtype)
-
-
-def _loss_scale_from_environment(loss_scale: Any) -> Any:
-    """APEXLITE_LOSS_SCALE=N|dynamic replaces the script's loss_scale for every loss (`migrate --verify` runs
-    the original under one static scale this way)."""
-    env_scale = os.environ.get(LOSS_SCALE_ENV, "").strip()
-    if not env_scale:
-        return loss_scale
-    if env_scale != "dynamic":
-        try:
-            valid = 0 < float(env_scale) < float("inf")
-        except ValueError:
-            valid = False
-        if not valid:
-            raise AmpConfigError(f"{LOSS_SCALE_ENV} must be 'dynamic' or a finite number > 0; got {env_scale!r}. "
-                                 "Unset it or fix it.")
-    log.info("%s=%s overrides loss_scale=%r", LOSS_SCALE_ENV, env_scale, loss_scale)
-    return env_scale
-
 
 def _as_list(value: Any) -> Tuple[List[Any], bool]:
     """(items, whether the caller passed a list) so results come back in the caller's shape."""
@@ -105,8 +48,8 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
     iterations (0: never). May be called again (see NOTE in session.py): the latest call's options
     apply and earlier models and optimizers keep working. All-or-nothing: a failed call changes nothing.
     """
-    opt_level, low_dtype = _apply_environment(opt_level, dtype)
-    loss_scale = _loss_scale_from_environment(loss_scale)
+    opt_level, low_dtype = apply_environment(opt_level, dtype)
+    loss_scale = loss_scale_from_environment(loss_scale)
     checks.check_scalar_arguments(num_losses, verbosity, min_loss_scale, max_loss_scale)
     checks.check_max_nonfinite_losses(max_nonfinite_losses)
     existing = current_session(required=False)
@@ -142,6 +85,7 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
         if existing is None:
             session.close()
         raise
+    session.own_weights(new_models, new_optimizers)
     session.publish()
     if enabled:
         warn_known_traps(properties, new_optimizers, low_dtype)
@@ -162,8 +106,9 @@ def _validate(properties: Properties, opt_level: str, model_list: List[Any], opt
     checks.check_initial_scale(properties, min_loss_scale, max_loss_scale)
     checks.check_models(model_list)
     checks.check_optimizers(optimizer_list)
+    check_masters_not_dropped(optimizer_list)
     checks.check_sharded_models(model_list, opt_level, properties)
-    checks.check_models_not_recast(model_list, existing.models if existing is not None else [], properties)
+    checks.check_models_not_recast(model_list, existing.models.items() if existing is not None else [], properties)
     if not legacy_flags.allow_incoming_model_not_fp32:
         checks.check_params_fp32(model_list, properties)
     checks.check_no_float64(model_list, properties)
@@ -185,7 +130,8 @@ def _register(session: AmpSession, transaction: InitializeTransaction, model_lis
                                            transaction.model_undo))
         elif cast_model_outputs is not None:
             install_io_casts(model, session.patcher, None, cast_model_outputs)
-    session.models.extend(model for model in model_list if all(model is not m for m in session.models))
+    for model in model_list:
+        session.models.add(model)
     for optimizer in optimizer_list:
         grads = _grad_strategy(session, optimizer, properties.master_weights, fp32_sources)
         amp_optimizer = AmpOptimizer(optimizer, session, grads)
@@ -200,14 +146,12 @@ def _install_forward_scopes(session: AmpSession) -> None:
     if not session.patches_torch:
         return
     for model in session.models:
-        if id(model) not in session.scoped_models:
+        if model not in session.scoped_models:
             install_forward_scope(model, session.patcher, ForwardScopeStart(), ForwardScopeEnd())
-            session.scoped_models.append(id(model))
+            session.scoped_models.add(model)
 
 
 def _o1_handle(session: AmpSession) -> Any:
-    from apexlite.amp.handle import AmpHandle
-
     return session.handle if isinstance(session.handle, AmpHandle) else AmpHandle(session)
 
 
@@ -215,7 +159,7 @@ def _grad_strategy(session: AmpSession, optimizer: Any, master_weights: bool,
                    fp32_sources: Dict[torch.Tensor, torch.Tensor]) -> Any:
     """How this optimizer's grads are handled: plain, separate fp32 masters, or masters inside a fused step."""
     if not master_weights:
-        return PlainGrads(optimizer, models_fn=lambda: session.models)
+        return PlainGrads(optimizer, models_fn=session.models.items)
     if supports_fused_master_step(optimizer):
         return FusedMasterGrads(optimizer, fp32_sources)
     return MasterParams(optimizer, fp32_sources)

@@ -30,6 +30,7 @@ import torch
 
 from apexlite.amp.amp_optimizer import PlainGrads, optimizer_params
 from apexlite.amp.checks import sparse_grad_error
+from apexlite.amp.checkpoint_convert import without_marker
 from apexlite.amp.master import LOW_PRECISION, MASTERS_KEY, check_saved_masters, copy_into
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.optimizer_step import register_first_post_hook
@@ -212,7 +213,8 @@ class FusedMasterGrads:
         self._load_state_dict = patcher.set_attribute(self.optimizer, "load_state_dict", self.load_state_dict)
         handle = register_first_post_hook(self.optimizer, self.after_update)
         if handle is not None:
-            patcher.add_handle(handle, f"{type(self.optimizer).__name__} step post-hook (update finished)")
+            patcher.add_handle(handle, f"{type(self.optimizer).__name__} step post-hook (update finished)",
+                               owner=self.optimizer)
 
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """The optimizer's own zero_grad, which also drops the masters' fp32 grads."""
@@ -224,7 +226,7 @@ class FusedMasterGrads:
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Also accepts checkpoints written by the separate-masters O2 path (masters under MASTERS_KEY)."""
-        state_dict = dict(state_dict)
+        state_dict = without_marker(state_dict)
         saved = state_dict.pop(MASTERS_KEY, None)
         halves = self._half_params()
         if saved is not None:  # before anything is loaded (FusedAdam checks its per-param state itself)

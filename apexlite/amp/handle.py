@@ -16,6 +16,7 @@ from typing import Any, Iterator, List
 import torch
 
 from apexlite.amp.amp_optimizer import AmpOptimizer, PlainGrads
+from apexlite.amp.environment import DTYPE_ENV, parse_dtype
 from apexlite.amp.errors import AmpUsageError
 from apexlite.amp.o1.patches import set_o1_patches
 from apexlite.amp.opt_levels import resolve_properties
@@ -35,7 +36,7 @@ def _registered(session: AmpSession, optimizer: Any) -> AmpOptimizer:
         amp_optimizer = AmpOptimizer(optimizer, session, PlainGrads(optimizer))
         session.optimizers[id(optimizer)] = amp_optimizer
         amp_optimizer.install()
-        session.own_registered_weights()
+        session.own_weights([], [optimizer])
     return amp_optimizer
 
 
@@ -198,8 +199,6 @@ def init(enabled: bool = True, loss_scale: Any = "dynamic", enable_caching: bool
     """apex's `amp.init`: O1 casts for the whole process, returned as a handle (NoOpHandle when disabled)."""
     if not enabled:
         return NoOpHandle()
-    from apexlite.amp.frontend import parse_dtype, DTYPE_ENV
-
     dtype = parse_dtype(os.environ.get(DTYPE_ENV) or torch.float16, DTYPE_ENV)
     properties = resolve_properties("O1", dtype, {"loss_scale": loss_scale})
     existing = current_session(required=False)

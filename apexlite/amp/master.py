@@ -28,14 +28,16 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from apexlite._logging import get_logger
 from apexlite.amp.amp_optimizer import PlainGrads, optimizer_params
-from apexlite.amp.checkpoint_convert import MASTERS_KEY
+from apexlite.amp.checkpoint_convert import MASTERS_KEY, mark_masters, without_marker
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.errors import AmpUsageError
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.optimizer_step import register_first_post_hook
 from apexlite.amp.scaler import LossScaler
 
+log = get_logger("amp")
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -81,16 +83,25 @@ class MasterParams:
         self._fp32_sources = fp32_sources or {}
         self.update_finished = False  # set by the step post-hook: this step's update is done
         self._model_follows = False  # ... and the model params hold the updated masters
+        self.restored = 0  # masters taken from per-param state a checkpoint loaded before initialize carried
         for group in optimizer.param_groups:
             self._replace_in_group(group)
+        if self.restored:
+            log.info("restored %d fp32 master weight(s) of %s from the optimizer state it loaded before "
+                     "amp.initialize", self.restored, type(optimizer).__name__)
+            self.copy_masters_to_model()
         self._fp32_grads = PlainGrads(optimizer, params_fn=self._fp32_params)
 
     # --- construction -------------------------------------------------------------------------
     def _make_master(self, param: torch.Tensor) -> torch.Tensor:
         source = self._fp32_sources.pop(param, None)
         data = source if source is not None else param.detach().float()
-        master = torch.nn.Parameter(data, requires_grad=True)
         state = self.optimizer.state.pop(param, None)
+        carried = state.pop("master_param", None) if state else None
+        if isinstance(carried, torch.Tensor) and carried.shape == param.shape:  # NOTE in checkpoint_convert.py
+            data = carried.detach().to(device=param.device, dtype=torch.float32)
+            self.restored += 1
+        master = torch.nn.Parameter(data, requires_grad=True)
         if state:
             self.optimizer.state[master] = {
                 k: (v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() else v)
@@ -185,7 +196,8 @@ class MasterParams:
         self._load_state_dict = patcher.set_attribute(optimizer, "load_state_dict", self.load_state_dict)
         handle = register_first_post_hook(optimizer, self.after_update)
         if handle is not None:
-            patcher.add_handle(handle, f"{type(optimizer).__name__} step post-hook (model follows masters)")
+            patcher.add_handle(handle, f"{type(optimizer).__name__} step post-hook (model follows masters)",
+                               owner=optimizer)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear master grads and the model params' grads (apex cleared only the masters' view)."""
@@ -222,11 +234,12 @@ class MasterParams:
     def state_dict(self) -> Dict[str, Any]:
         state = self._state_dict()
         state[MASTERS_KEY] = [master.detach().clone() for master in self.masters]
+        mark_masters(state)
         return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Validate the whole checkpoint first, then load: a rejected one leaves live state untouched."""
-        state_dict = dict(state_dict)
+        state_dict = without_marker(state_dict)
         saved = state_dict.pop(MASTERS_KEY, None)
         if saved is None:
             saved = self._take_optimizer_owned_masters(state_dict)

@@ -126,16 +126,16 @@ def install_io_casts(model: torch.nn.Module, patcher: Patcher, input_dtype: Opti
     """Register the input/output cast hooks on the model (inputs only when `input_dtype` is given)."""
     if input_dtype is not None:
         handle = model.register_forward_pre_hook(CastInputs(input_dtype), with_kwargs=True)
-        patcher.add_handle(handle, f"{type(model).__name__} input cast hook")
+        patcher.add_handle(handle, f"{type(model).__name__} input cast hook", owner=model)
     handle = model.register_forward_hook(CastOutputs(output_dtype))
-    patcher.add_handle(handle, f"{type(model).__name__} output cast hook")
+    patcher.add_handle(handle, f"{type(model).__name__} output cast hook", owner=model)
 
 
 def install_fp32_state_dict(model: torch.nn.Module, patcher: Patcher) -> None:
     """Make `state_dict()` of the model (and of every submodule) return fp32 tensors."""
     hook = Fp32StateDict()
     for module in model.modules():
-        patcher.add_handle(module._register_state_dict_hook(hook), "fp32 state_dict hook")
+        patcher.add_handle(module._register_state_dict_hook(hook), "fp32 state_dict hook", owner=module)
 
 
 def cast_model(model: torch.nn.Module, patcher: Patcher, dtype: Any, keep_batchnorm_fp32: Optional[bool],
@@ -150,9 +150,10 @@ def cast_model(model: torch.nn.Module, patcher: Patcher, dtype: Any, keep_batchn
 
 def install_forward_scope(model: torch.nn.Module, patcher: Patcher, enter: Callable, exit_: Callable) -> None:
     """Hooks that tell the session when this model's forward starts and returns (even by an exception)."""
-    patcher.add_handle(model.register_forward_pre_hook(enter), f"{type(model).__name__} forward scope start")
+    patcher.add_handle(model.register_forward_pre_hook(enter), f"{type(model).__name__} forward scope start",
+                       owner=model)
     try:
         handle = model.register_forward_hook(exit_, always_call=True)
     except TypeError:  # torch < 2.0 has no always_call: an exception leaves the scope open until scale_loss
         handle = model.register_forward_hook(exit_)
-    patcher.add_handle(handle, f"{type(model).__name__} forward scope end")
+    patcher.add_handle(handle, f"{type(model).__name__} forward scope end", owner=model)

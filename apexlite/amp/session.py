@@ -8,6 +8,9 @@ it: the latest call's options apply (opt level, dtype, verbosity), the loss scal
 fresh ones that every registered optimizer then shares (as in apex), new models and optimizers join
 the ones registered before, and O1's torch patches are installed once, never stacked. Passing an
 optimizer (or an O2/O3-cast model) a second time stays an error. `deinitialize()` undoes everything.
+Registered models and optimizers are held weakly (weak_registry.py, and o1/patcher.py's NOTE
+[patches never keep a model or optimizer alive]): one the program drops is freed and leaves the
+session, so neither memory nor the cost of a later `initialize` grows with the calls made before.
 
 NOTE [forward scope]
 Under O1 the end of a registered model's outermost forward drops the cast cache (cache.py's NOTE
@@ -25,8 +28,9 @@ from __future__ import annotations
 import sys
 import threading
 import types
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Optional
 
 import torch
 
@@ -38,6 +42,7 @@ from apexlite.amp.opt_levels import Properties
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.scaler import LossScaler, OverflowSync
 from apexlite.amp.telemetry import RunStats, telemetry_requested, track_session
+from apexlite.amp.weak_registry import WeakOrderedSet
 
 log = get_logger("amp")
 
@@ -147,9 +152,10 @@ class AmpSession:
         self.cache, self.cast_state = make_cache_and_state(torch.float16)  # native or Python, see native_casts
         self.cast_state.active = False
         self.loss_scalers: List[LossScaler] = []
-        self.optimizers: Dict[int, Any] = {}  # id(optimizer) -> AmpOptimizer
-        self.models: List[torch.nn.Module] = []
-        self.scoped_models: List[int] = []  # ids of models whose outermost forward ends a cast scope
+        # id(optimizer) -> AmpOptimizer, alive as long as its optimizer (which holds it as `_amp_stash`)
+        self.optimizers: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        self.models: WeakOrderedSet[torch.nn.Module] = WeakOrderedSet()
+        self.scoped_models: WeakOrderedSet[torch.nn.Module] = WeakOrderedSet()  # their outermost forward ends a cast scope
         self.forward_scope = _ForwardScope()
         self.from_initialize = False  # something was registered by amp.initialize (not only amp.init)
         self.handle: Any = None  # the O1 handle (`amp._amp_state.handle`), see apexlite/amp/handle.py
@@ -189,22 +195,17 @@ class AmpSession:
 
     def publish(self) -> None:
         """Make this the process's current session."""
-        self.own_registered_weights()
         _Process.session = self
         track_session(self)
 
-    def registered_weights(self) -> Iterable[torch.Tensor]:
-        """The parameters of every registered model and optimizer."""
-        for model in self.models:
-            yield from model.parameters()
-        for amp_optimizer in self.optimizers.values():
-            for group in amp_optimizer.optimizer.param_groups:
-                yield from group["params"]
-
-    def own_registered_weights(self) -> None:
-        """Let the cast cache hold the registered weights' casts strongly (cache.py's NOTE [cast cache
-        lifetime]); every other tensor's casts it holds weakly."""
-        self.cache.own(list(self.registered_weights()))
+    def own_weights(self, models: Iterable[torch.nn.Module], optimizers: Iterable[Any]) -> None:
+        """Let the cast cache hold the casts of these newly registered models' and optimizers' weights
+        strongly (cache.py's NOTE [cast cache lifetime]); every other tensor's casts it holds weakly.
+        Only the new registrations are walked, so a call costs what it registers."""
+        weights = {id(p): p for model in models for p in model.parameters()}
+        weights.update((id(p), p) for optimizer in optimizers for group in optimizer.param_groups
+                       for p in group["params"])
+        self.cache.own(list(weights.values()))
 
     # --- logging -------------------------------------------------------------------------------
     def info(self, message: str, *args, all_ranks: bool = False) -> None:
@@ -279,9 +280,10 @@ class AmpSession:
         finally:
             self.cast_state.active = False
             self.cache.clear()
-            self.cache.own([])
+            self.cache.disown_all()
             self.forward_scope = _ForwardScope()
             self.optimizers.clear()
             self.models.clear()
+            self.scoped_models.clear()
             if _Process.session is self:
                 _Process.session = None

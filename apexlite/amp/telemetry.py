@@ -148,8 +148,8 @@ class RunStats:
             self._measure_state_bytes = False
             session = self._session() if self._session is not None else None
             if session is not None:
-                optimizers = [state.optimizer for state in session.optimizers.values()]
-                self.state_bytes_per_param = state_bytes_per_param(session.models, optimizers)
+                optimizers = [state.optimizer for state in list(session.optimizers.values())]
+                self.state_bytes_per_param = state_bytes_per_param(session.models.items(), optimizers)
 
     def record_step(self, skipped: bool) -> None:
         """Count one `step()` call; ends the run (StepBudgetReached) when it completes the budget."""
@@ -184,7 +184,7 @@ class RunStats:
     def _find_known_traps(self) -> None:
         session = self._session() if self._session is not None else None
         if session is not None:
-            optimizers = [state.optimizer for state in session.optimizers.values()]
+            optimizers = [state.optimizer for state in list(session.optimizers.values())]
             self.known_traps = find_known_traps(session.properties, optimizers, session.dtype)
 
     def _start_memory_probe(self) -> None:

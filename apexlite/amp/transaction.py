@@ -47,15 +47,17 @@ class InitializeTransaction:
     def __init__(self, session: Any, models: List[torch.nn.Module], optimizers: List[Any]) -> None:
         self.session = session
         self.models = models
-        self.patch_mark = len(session.patcher)
+        self.patch_mark = session.patcher.mark()
         self.model_undo: UndoLog = []
         self.optimizers = [_OptimizerSnapshot(optimizer) for optimizer in optimizers]
         self.fields: Dict[str, Any] = {
             "options": session.options, "loss_scalers": list(session.loss_scalers),
-            "optimizers": dict(session.optimizers), "models": list(session.models),
-            "scoped_models": list(session.scoped_models), "from_initialize": session.from_initialize,
-            "handle": session.handle,
+            "from_initialize": session.from_initialize, "handle": session.handle,
         }
+        # the registries stay the session's weak containers; their members are put back on rollback
+        self.optimizers_before = dict(session.optimizers)
+        self.models_before = session.models.items()
+        self.scoped_before = session.scoped_models.items()
         state = session.cast_state
         self.cast_fields = {name: getattr(state, name) for name in ("active", "low_dtype", "log_casts",
                                                                      "allow_banned", "use_cache")}
@@ -74,6 +76,12 @@ class InitializeTransaction:
                 snapshot.restore()
             for name, value in self.fields.items():
                 setattr(session, name, value)
+            session.optimizers.clear()
+            session.optimizers.update(self.optimizers_before)
+            for registry, members in ((session.models, self.models_before), (session.scoped_models, self.scoped_before)):
+                registry.clear()
+                for member in members:
+                    registry.add(member)
             for name, value in self.cast_fields.items():
                 setattr(session.cast_state, name, value)
             self._restore_o1()

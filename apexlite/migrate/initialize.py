@@ -21,7 +21,7 @@ import libcst as cst
 
 from apexlite.amp.errors import AmpConfigError
 from apexlite.amp.frontend import initialize as apexlite_initialize
-from apexlite.amp.frontend import parse_dtype
+from apexlite.amp.environment import parse_dtype
 from apexlite.amp.opt_levels import OPT_LEVELS, resolve_properties
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import ApexUse, dotted_text

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, TextIO, Tuple
 
-from apexlite.amp.frontend import LOSS_SCALE_ENV, OPT_LEVEL_ENV
+from apexlite.amp.environment import LOSS_SCALE_ENV, OPT_LEVEL_ENV
 from apexlite.amp.telemetry import DEFAULT_WARMUP_STEPS, MAX_STEPS_ENV, TELEMETRY_ENV
 from apexlite.child_process import OK, run_child
 from apexlite.migrate import scaling

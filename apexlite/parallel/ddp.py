@@ -35,7 +35,7 @@ def broadcast_master_params(module: torch.nn.Module, process_group: Optional[Any
     if session is None:
         return 0
     owned = {id(p) for p in module.parameters()}
-    masters = [master for state in session.optimizers.values()
+    masters = [master for state in list(session.optimizers.values())
                for param, master in state.grads.master_pairs() if id(param) in owned]
     # the group's rank 0 by its global rank: broadcast's group_src= spelling needs torch >= 2.6
     source = dist.get_global_rank(process_group, 0) if process_group is not None else 0

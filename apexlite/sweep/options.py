@@ -5,7 +5,7 @@ import argparse
 import os
 from typing import List, Optional, Tuple
 
-from apexlite.amp.frontend import DTYPE_NAMES
+from apexlite.amp.environment import DTYPE_NAMES
 from apexlite.amp.opt_levels import OPT_LEVELS
 from apexlite.amp.telemetry import DEFAULT_WARMUP_STEPS, MAX_STEPS_ENV
 

@@ -11,7 +11,7 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Optional
 
-from apexlite.amp.frontend import DTYPE_ENV, OPT_LEVEL_ENV
+from apexlite.amp.environment import DTYPE_ENV, OPT_LEVEL_ENV
 from apexlite.amp.telemetry import DEFAULT_WARMUP_STEPS, MAX_STEPS_ENV, TELEMETRY_ENV, WARMUP_ENV
 from apexlite.child_process import OK, run_child
 

@@ -78,6 +78,11 @@ PyObject* cache_own(PyObject* self, PyObject* weights) {
   END_HANDLE_TH_ERRORS
 }
 
+PyObject* cache_disown_all(PyObject* self, PyObject* /*unused*/) {
+  as_cache(self)->table->disown_all();
+  Py_RETURN_NONE;
+}
+
 PyObject* cache_owns(PyObject* self, PyObject* tensor) {
   if (!THPVariable_Check(tensor)) Py_RETURN_FALSE;
   return PyBool_FromLong(as_cache(self)->table->owns(THPVariable_Unpack(tensor)) ? 1 : 0);
@@ -131,7 +136,8 @@ PyMethodDef cache_methods[] = {
     {"cast", cache_cast, METH_VARARGS, "cast(tensor, dtype): the tensor in dtype, cached when it is a weight"},
     {"clear", cache_clear, METH_NOARGS, "drop every entry (iteration or forward boundary)"},
     {"reset_counters", cache_reset_counters, METH_NOARGS, "zero the casts/hits counters"},
-    {"own", cache_own, METH_O, "own(weights): the registered weights, whose casts are held (replaces the set)"},
+    {"own", cache_own, METH_O, "own(weights): add registered weights, whose casts are held"},
+    {"disown_all", cache_disown_all, METH_NOARGS, "disown_all(): forget every registered weight"},
     {"owns", cache_owns, METH_O, "owns(tensor): whether the tensor is a registered weight"},
     {"remove", cache_remove, METH_O, "forget every cast of one weight"},
     {"entries", cache_entries, METH_NOARGS, "[(weight, cast), ...] of the live entries"},

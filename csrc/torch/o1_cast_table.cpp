@@ -67,16 +67,24 @@ at::Tensor CacheEntry::live_cast() const {
 
 bool CacheEntry::live() const { return !source.expired() && (cast.defined() || !weak_cast.expired()); }
 
-CacheTable::CacheTable() : prune_at(kMinPruneSize) {}
+CacheTable::CacheTable() : prune_at(kMinPruneSize), owned_prune_at(kMinPruneSize) {}
 
 bool CacheTable::owns(const at::Tensor& tensor) const {
   return owned.count(tensor.unsafeGetTensorImpl()) > 0;  // the weak pointer pins the address
 }
 
 void CacheTable::own(const std::vector<at::Tensor>& weights) {
-  std::unordered_map<const c10::TensorImpl*, WeakTensorPtr> fresh;
-  for (const at::Tensor& weight : weights) fresh.emplace(weight.unsafeGetTensorImpl(), weak(weight));
-  owned.swap(fresh);
+  for (const at::Tensor& weight : weights) owned.emplace(weight.unsafeGetTensorImpl(), weak(weight));
+  if (owned.size() < owned_prune_at) return;
+  for (auto it = owned.begin(); it != owned.end();) {
+    it = it->second.expired() ? owned.erase(it) : std::next(it);  // no tensor dies here: the pointers are weak
+  }
+  owned_prune_at = std::max(2 * owned.size(), kMinPruneSize);
+}
+
+void CacheTable::disown_all() {
+  owned.clear();
+  owned_prune_at = kMinPruneSize;
 }
 
 void CacheTable::store(const CacheKey& key, CacheEntry fresh) {

@@ -63,10 +63,13 @@ struct CacheTable {
   std::unordered_map<CacheKey, CacheEntry, CacheKeyHash> entries;
   std::unordered_map<const c10::TensorImpl*, WeakTensorPtr> owned;  // registered weights
   size_t prune_at;
+  size_t owned_prune_at;
 
   CacheTable();
   bool owns(const at::Tensor& tensor) const;
-  void own(const std::vector<at::Tensor>& weights);  // replaces the registered weights
+  // Adds registered weights; expired ones are dropped once the set has doubled (amortised O(1) a weight).
+  void own(const std::vector<at::Tensor>& weights);
+  void disown_all();
   void store(const CacheKey& key, CacheEntry fresh);  // prunes dead entries once the table has doubled
   void erase(const CacheKey& key);
   void erase_weight(const c10::TensorImpl* impl);  // every dtype's entry of one weight

@@ -126,7 +126,7 @@ def test_o1_patches_are_never_stacked_and_deinitialize_restores_the_originals():
         wrapper = F.linear
         assert wrapper is not originals["torch.nn.functional.linear"]
         assert wrapper.__wrapped__ is originals["torch.nn.functional.linear"]  # one layer, not three
-        descriptions = [record.description for record in current_session().o1_patcher._records]
+        descriptions = current_session().o1_patcher.descriptions()
         assert len(descriptions) == len(set(descriptions))
     finally:
         amp.deinitialize()

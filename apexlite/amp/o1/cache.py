@@ -102,6 +102,7 @@ class CastCache:
     def __init__(self) -> None:
         self._entries: Dict[_Key, _Entry] = {}
         self._owned: Dict[int, weakref.ref] = {}  # id(weight) -> weakref: registered weights (held strongly)
+        self._owned_prune_at = _MIN_PRUNE_SIZE
         self._prune_at = _MIN_PRUNE_SIZE
         self.casts = 0  # weight casts actually performed since the last `reset_counters`
         self.hits = 0
@@ -153,8 +154,18 @@ class CastCache:
                 del self._entries[key]
 
     def own(self, weights: Iterable[torch.Tensor]) -> None:
-        """Registered weights: their casts are held strongly (NOTE [cast cache lifetime]); replaces the set."""
-        self._owned = {id(weight): weakref.ref(weight) for weight in weights}
+        """Add registered weights: their casts are held strongly (NOTE [cast cache lifetime]). Dead ones
+        are dropped once the set has doubled, so each call costs what it adds."""
+        for weight in weights:
+            self._owned[id(weight)] = weakref.ref(weight)
+        if len(self._owned) >= self._owned_prune_at:
+            self._owned = {key: ref for key, ref in self._owned.items() if ref() is not None}
+            self._owned_prune_at = max(2 * len(self._owned), _MIN_PRUNE_SIZE)
+
+    def disown_all(self) -> None:
+        """Forget every registered weight (the session's end)."""
+        self._owned = {}
+        self._owned_prune_at = _MIN_PRUNE_SIZE
 
     def owns(self, tensor: torch.Tensor) -> bool:
         ref = self._owned.get(id(tensor))

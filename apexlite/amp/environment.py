@@ -1,0 +1,73 @@
+"""The switches that let an unchanged script change its mixed precision from the environment, and dtype names.
+
+`APEXLITE_OPT_LEVEL` and `APEXLITE_DTYPE` override `initialize`'s opt level and dtype (and `amp.init`'s
+dtype); `APEXLITE_LOSS_SCALE` its loss scale. Each override is logged where it applies. This module
+imports nothing of the frontend or the handle, which both read it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Tuple
+
+import torch
+
+from apexlite._logging import get_logger
+from apexlite.amp.errors import AmpConfigError
+from apexlite.amp.opt_levels import LOW_PRECISION_DTYPES, OPT_LEVELS, unknown_opt_level_message
+
+log = get_logger("amp")
+
+OPT_LEVEL_ENV = "APEXLITE_OPT_LEVEL"
+DTYPE_ENV = "APEXLITE_DTYPE"
+LOSS_SCALE_ENV = "APEXLITE_LOSS_SCALE"
+DTYPE_NAMES = {
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+
+
+def parse_dtype(value: Any, source: str = "dtype") -> torch.dtype:
+    """torch.float16/bfloat16 or one of their names; anything else is a clear error."""
+    if value in LOW_PRECISION_DTYPES:
+        return value
+    name = str(value).replace("torch.", "").lower()
+    if name in DTYPE_NAMES:
+        return DTYPE_NAMES[name]
+    raise AmpConfigError(
+        f"{source} must be torch.float16 or torch.bfloat16 (or 'float16'/'bfloat16'); got {value!r}."
+    )
+
+
+def apply_environment(opt_level: Any, dtype: Any) -> Tuple[Any, torch.dtype]:
+    """APEXLITE_OPT_LEVEL / APEXLITE_DTYPE let unchanged scripts switch level or dtype."""
+    env_level = os.environ.get(OPT_LEVEL_ENV)
+    if env_level:
+        if env_level not in OPT_LEVELS:
+            raise AmpConfigError(f"{OPT_LEVEL_ENV}: " + unknown_opt_level_message(env_level))
+        if env_level != opt_level:
+            log.info("%s=%s overrides opt_level=%r", OPT_LEVEL_ENV, env_level, opt_level)
+        opt_level = env_level
+    env_dtype = os.environ.get(DTYPE_ENV)
+    if env_dtype:
+        parsed = parse_dtype(env_dtype, DTYPE_ENV)
+        log.info("%s=%s selects the low-precision dtype %s", DTYPE_ENV, env_dtype, parsed)
+        return opt_level, parsed
+    return opt_level, parse_dtype(torch.float16 if dtype is None else dtype)
+
+
+def loss_scale_from_environment(loss_scale: Any) -> Any:
+    """APEXLITE_LOSS_SCALE=N|dynamic replaces the script's loss_scale for every loss (`migrate --verify` runs
+    the original under one static scale this way)."""
+    env_scale = os.environ.get(LOSS_SCALE_ENV, "").strip()
+    if not env_scale:
+        return loss_scale
+    if env_scale != "dynamic":
+        try:
+            valid = 0 < float(env_scale) < float("inf")
+        except ValueError:
+            valid = False
+        if not valid:
+            raise AmpConfigError(f"{LOSS_SCALE_ENV} must be 'dynamic' or a finite number > 0; got {env_scale!r}. "
+                                 "Unset it or fix it.")
+    log.info("%s=%s overrides loss_scale=%r", LOSS_SCALE_ENV, env_scale, loss_scale)
+    return env_scale

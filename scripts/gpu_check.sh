@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
-# One command that checks apexlite on a GPU machine (skips with a message where torch sees no GPU):
-#   1. builds apexlite._C with the CUDA kernel for this GPU (needs nvcc; without it the CUDA-kernel
-#      tests skip and FusedAdam runs on torch's fused ops, which the rest still checks);
-#   2. prints `python -m apexlite doctor`;
-#   3. runs the `cuda` tests (CUDA kernel vs CPU kernel vs reference, O0-O3 training on CUDA, host
-#      syncs per step) and the `cuda_host` tests;
-#   4. runs the GPU benchmarks (bench/bench_gpu.py): FusedAdam vs torch's fused AdamW at 10M/100M
-#      params with achieved bandwidth as % of peak, the O2 step vs torch's chain, O1 vs autocast,
-#      peak memory O0-O3; writes $OUT/results.json and $OUT/results.md (a block for BENCHMARKS.md).
-# Exit status: that of the tests (the benchmarks run either way). Environment: PYTHON (default
-# python3), APEXLITE_GPU_CHECK_OUT (default gpu_check_results), TORCH_CUDA_ARCH_LIST (default: this GPU's).
+# One command that checks apexlite on a GPU machine, within 8 minutes, leaving a record:
+#   1. build    apexlite._C with the CUDA kernel for this GPU (APEXLITE_CUDA=1, MAX_JOBS = all cores);
+#   2. doctor   `python -m apexlite doctor`;
+#   3. tests    the project's `cuda` and `cuda_host` tests, and the CPU tests whose subject is torch-version
+#               sensitive (compiled norms, the unscale routes, repeated initialize), on this machine's torch;
+#   4. apex_*   apex's own L0 suites run_amp, run_optimizers, run_fp16util and run_fused_layer_norm, unported
+#               (scripts/run_apex_l0.py --device cuda), judged against scripts/apex_l0_expected.tsv; the four
+#               run at once beside the tests, each a process of its own;
+#   5. bench    alone on the GPU: FusedAdam at 1-10,000 tensors against torch's fused/foreach AdamW and the
+#               copy roofline, bench/bench_gpu.py's figures, and repeated amp.initialize on CUDA.
+# Every step has its own time limit (`timeout`), so a stall or a failure in one still reports the others.
+# The record, in $APEXLITE_GPU_CHECK_OUT (default gpu_check_results): summary.md (a line per step: status,
+# seconds, the log's last line), logs/STEP.log, and the benchmarks' results.md/json.
+# apex's tests are read from $APEXLITE_APEX_TESTS, a folder holding apex's tests/L0 (an export of apex at
+# e13873de, the last commit with amp: `git -C APEX archive e13873de tests/L0 | tar -x -C DIR`); without it
+# step 4 is skipped, saying so. They need expecttest and numpy beside pytest.
+# Exit status: 0 when every step passed. Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST
+# (default: this GPU's), APEXLITE_GPU_CHECK_STEPS (default "build doctor tests apex bench").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${APEXLITE_GPU_CHECK_OUT:-gpu_check_results}
+APEX_TESTS=${APEXLITE_APEX_TESTS:-}
+STEPS=${APEXLITE_GPU_CHECK_STEPS:-build doctor tests apex bench}
+mkdir -p "$OUT/logs"
+SUMMARY=$OUT/summary.md
+START=$(date +%s)
 
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     echo "gpu_check: torch sees no CUDA device ($("$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null || echo "torch not importable")); nothing to check here. Run it on a GPU machine."
@@ -21,20 +33,87 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$("$PY" -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-if command -v nvcc >/dev/null || [ -x "$CUDA_HOME/bin/nvcc" ]; then
-    echo "gpu_check: building apexlite._C with the CUDA kernel (sm ${TORCH_CUDA_ARCH_LIST})"
-    APEXLITE_CUDA=1 APEXLITE_REQUIRE_EXTENSION=1 "$PY" -m pip install --quiet --no-build-isolation --no-deps -e . \
-        || { echo "gpu_check: the CUDA build failed (above)"; exit 1; }
-else
-    echo "gpu_check: no nvcc (PATH, \$CUDA_HOME/bin): the CUDA kernel is not built; checking the torch-ops path only"
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export PYTHONUNBUFFERED=1
+{
+    echo "# GPU check $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo
+    echo "$("$PY" -c 'import torch; print(torch.cuda.get_device_name(), "| torch", torch.__version__, "| CUDA", torch.version.cuda)') | $(nproc) cores | commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo
+    echo "| step | status | seconds | limit | last line of its log |"
+    echo "|---|---|---:|---:|---|"
+} > "$SUMMARY"
+
+wanted() { [[ " $STEPS " == *" $1 "* ]]; }
+
+# step NAME LIMIT_SECONDS COMMAND...: runs it under its limit, logs to logs/NAME.log, adds its summary line.
+step() {
+    local name=$1 limit=$2 started rc status last
+    shift 2
+    started=$(date +%s)
+    timeout -k 10 "$limit" "$@" > "$OUT/logs/$name.log" 2>&1
+    rc=$?
+    case $rc in 0) status=passed ;; 124|137) status="STOPPED at its limit" ;; *) status="FAILED (exit $rc)" ;; esac
+    last=$(grep -v '^\s*$' "$OUT/logs/$name.log" | tail -n 1 | cut -c1-160 | tr '|' '/')
+    echo "| $name | $status | $(( $(date +%s) - started )) | $limit | $last |" >> "$SUMMARY"
+    echo "gpu_check: $name: $status ($(( $(date +%s) - started )) s)"
+    return $rc
+}
+
+# The project's GPU tests, then the CPU tests whose subject depends on the torch version (this machine's torch
+# is not CI's): torch.compile of the norms, the unscale routes, repeated initialize.
+project_tests() {
+    local py=$1 rc=0
+    "$py" -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 -m "cuda or cuda_host" tests \
+        --ignore=tests/migrate || rc=1
+    "$py" -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120 tests/normalization/test_compiled_norms.py \
+        tests/amp/test_unscale.py tests/amp/test_registrations_are_weak.py || rc=1
+    return $rc
+}
+
+failures=0
+if wanted build; then
+    step build 240 env APEXLITE_CUDA=1 APEXLITE_REQUIRE_EXTENSION=1 \
+        "$PY" -m pip install --no-build-isolation --no-deps -v -e . || failures=$((failures + 1))
 fi
-"$PY" -m apexlite doctor
+if wanted doctor; then
+    step doctor 60 "$PY" -m apexlite doctor || failures=$((failures + 1))
+fi
 
-echo "gpu_check: tests (-m 'cuda or cuda_host')"
-"$PY" -m pytest -q -m "cuda or cuda_host" tests
-tests_status=$?
+pids=()
+if wanted tests; then
+    step tests 240 bash -c "$(declare -f project_tests); project_tests '$PY'" &
+    pids+=($!)
+fi
+if wanted apex; then
+    if [ -n "$APEX_TESTS" ] && [ -d "$APEX_TESTS/tests/L0" ]; then
+        for suite in run_amp run_optimizers run_fp16util run_fused_layer_norm; do
+            step "apex_$suite" 300 "$PY" scripts/run_apex_l0.py "$APEX_TESTS" --device cuda --suite "$suite" \
+                --timeout 280 --test-timeout 90 --keep "$OUT/apex_tree_$suite" --log-dir "$OUT/logs/apex_$suite" &
+            pids+=($!)
+        done
+    else
+        echo "| apex | skipped: APEXLITE_APEX_TESTS holds no tests/L0 | 0 | - | - |" >> "$SUMMARY"
+        echo "gpu_check: apex's suites skipped (set APEXLITE_APEX_TESTS to a folder holding apex's tests/L0)"
+        failures=$((failures + 1))
+    fi
+fi
+for pid in "${pids[@]}"; do
+    wait "$pid" || failures=$((failures + 1))
+done
+rm -rf "$OUT"/apex_tree_*
 
-echo "gpu_check: benchmarks"
-"$PY" -m bench.bench_gpu --out "$OUT" || echo "gpu_check: the benchmarks failed (above)"
-echo "gpu_check: tests exit status $tests_status; results in $OUT/ (paste $OUT/results.md into BENCHMARKS.md)"
-exit $tests_status
+if wanted bench; then
+    step bench_adam_tensors 150 "$PY" -m bench.bench_adam_tensor_counts --device cuda --out "$OUT" --budget-s 100 \
+        || failures=$((failures + 1))
+    step bench_gpu 120 "$PY" -m bench.bench_gpu --out "$OUT" --sizes 1e8 --rounds 5 || failures=$((failures + 1))
+    step bench_repeated_initialize 60 "$PY" -m bench.bench_repeated_initialize --device cuda --configurations 300 \
+        || failures=$((failures + 1))
+fi
+
+{
+    echo
+    echo "Total: $(( $(date +%s) - START )) s; $failures step(s) not passed."
+} >> "$SUMMARY"
+cat "$SUMMARY"
+exit $(( failures > 0 ))

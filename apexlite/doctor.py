@@ -19,9 +19,9 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from apexlite import _build_plan as plan
-from apexlite import _ext
-from apexlite import _kernel_state as state
+from apexlite._native import build_plan as plan
+from apexlite._native import jit_build, loader
+from apexlite._native import kernel_state as state
 from apexlite.optimizers import _torch_fused
 
 Rows = List[Tuple[str, str]]
@@ -147,7 +147,7 @@ def report() -> Rows:
 
     tools = state.toolchain()
     cpu = state.find_cpu()
-    cpu_status = _ext.status() if cpu.state in ("installed", "cached", "disabled") else _ext.ExtensionStatus(
+    cpu_status = loader.status() if cpu.state in ("installed", "cached", "disabled") else loader.ExtensionStatus(
         "unavailable", cpu.detail)
     cuda = state.find_cuda(cpu_status)
     csrc = state.kernel_sources()
@@ -162,8 +162,8 @@ def report() -> Rows:
         ("nvcc", f"{tools.nvcc_version} ({tools.nvcc})" if tools.nvcc else (
             "not found" if tools.torch_cuda else "not needed (CPU-only torch)")),
         ("kernel sources", str(csrc) if csrc else "not part of this install"),
-        ("first-use cache", str(_ext._jit_build.cache_root())),
-        (_ext.DISABLE_ENV, os.environ.get(_ext.DISABLE_ENV, "unset")),
+        ("first-use cache", str(jit_build.cache_root())),
+        (loader.DISABLE_ENV, os.environ.get(loader.DISABLE_ENV, "unset")),
         ("CPU kernel", kernel_text(cpu, "cpu")),
         ("O1 native casts", f"{STATE_WORDS[cpu.state]} (part of the CPU library)"),
         ("CUDA kernel", kernel_text(cuda, "cuda")),
@@ -177,7 +177,7 @@ def build() -> int:
     for kind in ("cpu", "cuda"):
         if kind == "cuda" and not torch.version.cuda:
             continue
-        outcome = _ext.build_now(kind)
+        outcome = loader.build_now(kind)
         failed |= outcome.said and not outcome.cpu and not outcome.cuda
     return 1 if failed else 0
 

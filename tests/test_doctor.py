@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from apexlite import _ext, _jit_build, cli, doctor
-from apexlite import _kernel_state as state
+from apexlite import cli, doctor
+from apexlite._native import jit_build, loader
+from apexlite._native import kernel_state as state
 from apexlite.compat import hook
 from apexlite.optimizers import _torch_fused
 
 FALLBACK = "torch's fused Adam ops" if _torch_fused.available("cpu") else "the pure-torch reference, slow"
-LIBRARY = _jit_build.CachedLibrary("cpu", Path("/cache/cpu-x"))
+LIBRARY = jit_build.CachedLibrary("cpu", Path("/cache/cpu-x"))
 
 # CPU library finding -> (CPU kernel row starts with, FusedAdam on CPU row starts with, O1 casts row starts with)
 CPU_ROWS = {
@@ -43,7 +44,7 @@ def no_compiling(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("doctor compiled something")
 
-    monkeypatch.setattr(_jit_build, "build", refuse)
+    monkeypatch.setattr(jit_build, "build", refuse)
 
 
 @pytest.mark.parametrize("found_state", list(CPU_ROWS))
@@ -51,7 +52,7 @@ def test_cpu_rows(monkeypatch, no_compiling, found_state):
     found, kernel, fused_adam, o1 = CPU_ROWS[found_state]
     monkeypatch.setattr(state, "find_cpu", lambda retry=False: found)
     if found_state in ("installed", "cached"):
-        monkeypatch.setattr(_ext, "status", lambda: _ext.ExtensionStatus("installed", "x"))
+        monkeypatch.setattr(loader, "status", lambda: loader.ExtensionStatus("installed", "x"))
     rows = dict(doctor.report())
     assert rows["CPU kernel"].startswith(kernel)
     assert rows["O1 native casts"].startswith(doctor.STATE_WORDS[found_state])
@@ -90,9 +91,9 @@ def test_doctor_build_compiles_what_is_missing(monkeypatch, capsys, built, code)
 
     def build_now(kind):
         asked.append(kind)
-        return _ext.ExtensionStatus("jit", "x") if built else _ext.ExtensionStatus("unavailable", "error", said=True)
+        return loader.ExtensionStatus("jit", "x") if built else loader.ExtensionStatus("unavailable", "error", said=True)
 
-    monkeypatch.setattr(_ext, "build_now", build_now)
+    monkeypatch.setattr(loader, "build_now", build_now)
     assert doctor.main(["--build"]) == code
     assert asked == (["cpu", "cuda"] if torch.version.cuda else ["cpu"])
 

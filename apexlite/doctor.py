@@ -59,11 +59,23 @@ def version_text() -> str:
     tools = state.toolchain()
     cuda = f"CUDA {tools.torch_cuda}" if tools.torch_cuda else "CPU-only"
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU visible"
-    nvcc = f"nvcc {tools.nvcc_version or '?'} ({tools.nvcc})" if tools.nvcc else "nvcc not found"
-    if not tools.torch_cuda:
-        nvcc = f"nvcc {plan.nvcc_release(plan.find_nvcc()) or '?'}" if plan.find_nvcc() else "nvcc not found"
     return (f"apexlite {__version__} ({_installed_from()}), torch {torch.__version__} ({cuda}), "
-            f"python {platform.python_version()}\n{gpu}; {nvcc}; C++: {_compiler_version(tools.cxx)}\n")
+            f"python {platform.python_version()}\n"
+            f"{gpu}; nvcc {nvcc_text(tools)}; C++: {_compiler_version(tools.cxx)}\n")
+
+
+def nvcc_text(tools: plan.Toolchain) -> str:
+    """The nvcc found here and whether this torch needs it: one wording for doctor's row and --version."""
+    nvcc, version = tools.nvcc, tools.nvcc_version
+    if nvcc is None and not tools.torch_cuda:  # the toolchain looks for nvcc only for a CUDA torch
+        nvcc = plan.find_nvcc()
+        version = plan.nvcc_release(nvcc) if nvcc else None
+    found = f"{version or '(version unknown)'} ({nvcc})" if nvcc else "not found"
+    if not tools.torch_cuda:
+        return f"{found}, not needed (CPU-only torch)"
+    if version and version.split(".")[0] != tools.torch_cuda.split(".")[0]:
+        return f"{found}, cannot compile the CUDA kernel: torch was built with CUDA {tools.torch_cuda} (another major)"
+    return f"{found}, needed to compile the CUDA kernel (torch built with CUDA {tools.torch_cuda})"
 
 
 def apex_resolution() -> str:
@@ -159,8 +171,7 @@ def report() -> Rows:
         ("GPU", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none visible"),
         ("bfloat16 on GPU", _bf16_support()),
         ("C++ compiler", _compiler_version(tools.cxx)),
-        ("nvcc", f"{tools.nvcc_version} ({tools.nvcc})" if tools.nvcc else (
-            "not found" if tools.torch_cuda else "not needed (CPU-only torch)")),
+        ("nvcc", nvcc_text(tools)),
         ("kernel sources", str(csrc) if csrc else "not part of this install"),
         ("first-use cache", str(jit_build.cache_root())),
         (loader.DISABLE_ENV, os.environ.get(loader.DISABLE_ENV, "unset")),

@@ -6,7 +6,7 @@
   a C++ compiler and Python's headers are there. The CUDA kernel joins it only with ``APEXLITE_CUDA=1``.
 * Whatever is not compiled at install (pip's default build isolation hides torch from the build; no
   compiler; a compile error; a CUDA toolkit that does not match torch's CUDA) is compiled on first use,
-  once per torch version, and cached (apexlite/_ext.py); until then, and if that fails too, apexlite
+  once per torch version, and cached (apexlite/_native/loader.py); until then, and if that fails too, apexlite
   uses torch's own ops. The install says what it did not build in one line, and records it in
   ``apexlite/_build_record.json`` for ``python -m apexlite doctor``.
 * ``APEXLITE_REQUIRE_EXTENSION=1`` turns "not built" into an install error (CI uses it);
@@ -31,8 +31,8 @@ RECORD = "_build_record.json"
 
 
 def _load_plan():
-    """apexlite/_build_plan.py, loaded by path: importing apexlite here would need torch and wrapt."""
-    spec = importlib.util.spec_from_file_location("_apexlite_build_plan", ROOT / "apexlite" / "_build_plan.py")
+    """apexlite/_native/build_plan.py, loaded by path: importing apexlite here would need torch and wrapt."""
+    spec = importlib.util.spec_from_file_location("_apexlite_build_plan", ROOT / "apexlite" / "_native" / "build_plan.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve their module by name
     spec.loader.exec_module(module)
@@ -49,7 +49,7 @@ def say(message):
 
 
 def write_record(package_dir, torch_version, cpu, cuda):
-    """What the install compiled, for the run-time loader and doctor (apexlite/_ext.py reads it)."""
+    """What the install compiled, for the run-time loader and doctor (apexlite/_native/kernel_state.py reads it)."""
     Path(package_dir).mkdir(parents=True, exist_ok=True)
     record = {"torch": torch_version, "abi": plan.abi_tag(), "sources": plan.source_digest(CSRC),
               "cpu": cpu, "cuda": cuda}

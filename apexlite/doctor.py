@@ -19,9 +19,9 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from apexlite import _build_plan as plan
-from apexlite import _ext
-from apexlite import _kernel_state as state
+from apexlite._native import build_plan as plan
+from apexlite._native import jit_build, loader
+from apexlite._native import kernel_state as state
 from apexlite.optimizers import _torch_fused
 
 Rows = List[Tuple[str, str]]
@@ -59,11 +59,23 @@ def version_text() -> str:
     tools = state.toolchain()
     cuda = f"CUDA {tools.torch_cuda}" if tools.torch_cuda else "CPU-only"
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU visible"
-    nvcc = f"nvcc {tools.nvcc_version or '?'} ({tools.nvcc})" if tools.nvcc else "nvcc not found"
-    if not tools.torch_cuda:
-        nvcc = f"nvcc {plan.nvcc_release(plan.find_nvcc()) or '?'}" if plan.find_nvcc() else "nvcc not found"
     return (f"apexlite {__version__} ({_installed_from()}), torch {torch.__version__} ({cuda}), "
-            f"python {platform.python_version()}\n{gpu}; {nvcc}; C++: {_compiler_version(tools.cxx)}\n")
+            f"python {platform.python_version()}\n"
+            f"{gpu}; nvcc {nvcc_text(tools)}; C++: {_compiler_version(tools.cxx)}\n")
+
+
+def nvcc_text(tools: plan.Toolchain) -> str:
+    """The nvcc found here and whether this torch needs it: one wording for doctor's row and --version."""
+    nvcc, version = tools.nvcc, tools.nvcc_version
+    if nvcc is None and not tools.torch_cuda:  # the toolchain looks for nvcc only for a CUDA torch
+        nvcc = plan.find_nvcc()
+        version = plan.nvcc_release(nvcc) if nvcc else None
+    found = f"{version or '(version unknown)'} ({nvcc})" if nvcc else "not found"
+    if not tools.torch_cuda:
+        return f"{found}, not needed (CPU-only torch)"
+    if version and version.split(".")[0] != tools.torch_cuda.split(".")[0]:
+        return f"{found}, cannot compile the CUDA kernel: torch was built with CUDA {tools.torch_cuda} (another major)"
+    return f"{found}, needed to compile the CUDA kernel (torch built with CUDA {tools.torch_cuda})"
 
 
 def apex_resolution() -> str:
@@ -147,7 +159,7 @@ def report() -> Rows:
 
     tools = state.toolchain()
     cpu = state.find_cpu()
-    cpu_status = _ext.status() if cpu.state in ("installed", "cached", "disabled") else _ext.ExtensionStatus(
+    cpu_status = loader.status() if cpu.state in ("installed", "cached", "disabled") else loader.ExtensionStatus(
         "unavailable", cpu.detail)
     cuda = state.find_cuda(cpu_status)
     csrc = state.kernel_sources()
@@ -159,11 +171,10 @@ def report() -> Rows:
         ("GPU", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none visible"),
         ("bfloat16 on GPU", _bf16_support()),
         ("C++ compiler", _compiler_version(tools.cxx)),
-        ("nvcc", f"{tools.nvcc_version} ({tools.nvcc})" if tools.nvcc else (
-            "not found" if tools.torch_cuda else "not needed (CPU-only torch)")),
+        ("nvcc", nvcc_text(tools)),
         ("kernel sources", str(csrc) if csrc else "not part of this install"),
-        ("first-use cache", str(_ext._jit_build.cache_root())),
-        (_ext.DISABLE_ENV, os.environ.get(_ext.DISABLE_ENV, "unset")),
+        ("first-use cache", str(jit_build.cache_root())),
+        (loader.DISABLE_ENV, os.environ.get(loader.DISABLE_ENV, "unset")),
         ("CPU kernel", kernel_text(cpu, "cpu")),
         ("O1 native casts", f"{STATE_WORDS[cpu.state]} (part of the CPU library)"),
         ("CUDA kernel", kernel_text(cuda, "cuda")),
@@ -177,7 +188,7 @@ def build() -> int:
     for kind in ("cpu", "cuda"):
         if kind == "cuda" and not torch.version.cuda:
             continue
-        outcome = _ext.build_now(kind)
+        outcome = loader.build_now(kind)
         failed |= outcome.said and not outcome.cpu and not outcome.cuda
     return 1 if failed else 0
 

@@ -5,7 +5,7 @@ Each configuration compiles csrc/'s CPU sources from scratch with torch's BuildE
 
 * ``before``: the flags setup.py used until issue 23 (the interpreter's CFLAGS, which carry ``-g``) and
   ninja's default parallelism (cores + 2);
-* ``after``: apexlite/_build_plan.py's flags (``-g0``) and its parallel jobs (the usable cores).
+* ``after``: apexlite/_native/build_plan.py's flags (``-g0``) and its parallel jobs (the usable cores).
 
 Reported per configuration: wall seconds, the compilers' CPU seconds (user + sys of the children,
 nearly independent of what else runs on the machine) and the load average before and after. The
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from apexlite import _build_plan as plan
+from apexlite._native import build_plan as plan
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"

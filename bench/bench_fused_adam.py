@@ -31,7 +31,7 @@ from typing import Callable, Dict, List
 
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader
 from apexlite.optimizers import FusedAdam, _torch_fused
 
 BYTES_PER_PARAM = 28
@@ -81,7 +81,7 @@ PATHS = {"kernel": "kernel", "torch": "torch ops"}
 
 def available_paths() -> List[str]:
     """FusedAdam implementations this process can run on the CPU."""
-    return [path for path, ok in (("kernel", _ext.kernels_available("cpu")), ("torch", _torch_fused.available("cpu")))
+    return [path for path, ok in (("kernel", loader.kernels_available("cpu")), ("torch", _torch_fused.available("cpu")))
             if ok]
 
 
@@ -150,7 +150,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, compiled kernel: {_ext.status().source}, "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, compiled kernel: {loader.status().source}, "
           f"paths: {', '.join(PATHS[p] for p in available_paths())}\n")
     for total in (int(s) for s in args.sizes):
         cases = build_cases(total, args.reference)

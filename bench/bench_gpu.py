@@ -21,7 +21,7 @@ from typing import Any, Dict
 
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader
 from bench import gpu_optimizer, gpu_training
 from bench.report import replace_block
 
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
         return 0
     results: Dict[str, Any] = {"machine": {
         "device": torch.cuda.get_device_name(), "date": date.today().isoformat(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "host": platform.node(), "cuda_kernel": _ext.kernel_detail("cuda"),
+        "cuda": torch.version.cuda, "host": platform.node(), "cuda_kernel": loader.kernel_detail("cuda"),
     }}
     log.info("bench_gpu: optimizer steps at %s params", args.sizes)
     results["optimizer"] = gpu_optimizer.run([int(s) for s in args.sizes], args.rounds)

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader
 from apexlite.optimizers import FusedAdam
 
 BYTES_PER_PARAM = 28
@@ -84,7 +84,7 @@ def cases(total: int) -> Dict[str, Callable[[], None]]:
         "apexlite O2, torch path": FusedAdam(_params(sizes, torch.bfloat16), lr=1e-3, master_weights=True,
                                              implementation="torch").step,
     }
-    if _ext.kernels_available("cuda"):
+    if loader.kernels_available("cuda"):
         found["apexlite FusedAdam kernel (fp32)"] = FusedAdam(_params(sizes, torch.float32), lr=1e-3,
                                                               implementation="kernel").step
         found["apexlite O2 kernel"] = FusedAdam(_params(sizes, torch.bfloat16), lr=1e-3, master_weights=True,

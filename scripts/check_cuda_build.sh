@@ -108,10 +108,10 @@ TORCH_EXTENSIONS_DIR="$WORK/extensions" "$VENV/bin/python" -W "ignore:Failed to 
 grep -qE "^CUDA kernel +JIT-cached: " "$WORK/doctor.log" || { cat "$WORK/doctor.log"; exit 1; }
 TORCH_EXTENSIONS_DIR="$WORK/extensions" "$VENV/bin/python" -W "ignore:Failed to initialize NumPy" - <<'PY'
 import torch
-from apexlite import _ext
-from apexlite import _kernel_state as state
+from apexlite._native import kernel_state as state
+from apexlite._native import loader
 
-found = state.find_cuda(_ext.status())
+found = state.find_cuda(loader.status())
 torch.ops.load_library(str(found.library.path))
 assert state.has_kernel("CUDA"), f"{found.library.path} registers no CUDA kernel"
 PY

@@ -46,7 +46,7 @@ EXAMPLE = ["-m", "apexlite", "run", "examples/imagenet_amp.py", "--epochs", "1",
 EXAMPLE_CASES = [(level, dtype) for level in ("O1", "O2") for dtype in ("float16", "bfloat16")]
 FIRST_USE = (
     "import torch\n"
-    "from apexlite import amp, _ext\n"
+    "from apexlite import amp\nfrom apexlite._native import loader\n"
     "from apexlite.amp.o1 import native_casts\n"
     "from apexlite.optimizers import FusedAdam, _adam_step\n"
     "p = torch.nn.Parameter(torch.randn(1000))\n"
@@ -55,7 +55,7 @@ FIRST_USE = (
     "    p.grad = torch.randn(1000)\n"
     "    optimizer.step()\n"
     "model = amp.initialize(torch.nn.Linear(4, 4), opt_level='O1', dtype=torch.bfloat16, verbosity=0)\n"
-    "print('FIRST-USE', _ext.status().source, _adam_step.resolve('auto', p.device), native_casts.status())\n"
+    "print('FIRST-USE', loader.status().source, _adam_step.resolve('auto', p.device), native_casts.status())\n"
 )
 TORCH_NUMPY_NOTE = "ignore:Failed to initialize NumPy"
 START, END = "<!-- compat_matrix.py: start -->", "<!-- compat_matrix.py: end -->"

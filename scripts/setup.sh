@@ -12,7 +12,7 @@
 # A call with nothing changed since the last install returns at once. What was installed is recorded in
 # a stamp per interpreter (build/install-stamps/): the interpreter and its prefix, this checkout, the
 # installed versions of torch/wrapt/ninja/setuptools/wheel/apexlite and where apexlite is installed from,
-# and a hash of what the install is built from (csrc/, setup.py, apexlite/_build_plan.py, pyproject.toml,
+# and a hash of what the install is built from (csrc/, setup.py, apexlite/_native/build_plan.py, pyproject.toml,
 # this script) and of the compiled extension apexlite/_C*.so itself. The install is editable, so edits
 # to apexlite/*.py are live without a reinstall; anything else that changes makes the next call reinstall
 # and recompile. pip's full output of the last install is in build/install-logs/.
@@ -42,7 +42,7 @@ def installed_from():
 
 digest = hashlib.sha256()
 sources = sorted(glob.glob("csrc/**/*", recursive=True)) + [
-    "setup.py", "apexlite/_build_plan.py", "pyproject.toml", "scripts/setup.sh"]
+    "setup.py", "apexlite/_native/build_plan.py", "pyproject.toml", "scripts/setup.sh"]
 for path in sources + sorted(glob.glob("apexlite/_C*.so")):
     if os.path.isfile(path):
         with open(path, "rb") as handle:

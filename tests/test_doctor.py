@@ -10,13 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from apexlite import _ext, _jit_build, cli, doctor
-from apexlite import _kernel_state as state
+from apexlite import cli, doctor
+from apexlite._native import jit_build, loader
+from apexlite._native import kernel_state as state
 from apexlite.compat import hook
 from apexlite.optimizers import _torch_fused
+from tests._native.test_build_plan import CUDA_121_NVCC_130, CUDA_130_NVCC_130, tools
 
 FALLBACK = "torch's fused Adam ops" if _torch_fused.available("cpu") else "the pure-torch reference, slow"
-LIBRARY = _jit_build.CachedLibrary("cpu", Path("/cache/cpu-x"))
+LIBRARY = jit_build.CachedLibrary("cpu", Path("/cache/cpu-x"))
 
 # CPU library finding -> (CPU kernel row starts with, FusedAdam on CPU row starts with, O1 casts row starts with)
 CPU_ROWS = {
@@ -43,7 +45,7 @@ def no_compiling(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("doctor compiled something")
 
-    monkeypatch.setattr(_jit_build, "build", refuse)
+    monkeypatch.setattr(jit_build, "build", refuse)
 
 
 @pytest.mark.parametrize("found_state", list(CPU_ROWS))
@@ -51,7 +53,7 @@ def test_cpu_rows(monkeypatch, no_compiling, found_state):
     found, kernel, fused_adam, o1 = CPU_ROWS[found_state]
     monkeypatch.setattr(state, "find_cpu", lambda retry=False: found)
     if found_state in ("installed", "cached"):
-        monkeypatch.setattr(_ext, "status", lambda: _ext.ExtensionStatus("installed", "x"))
+        monkeypatch.setattr(loader, "status", lambda: loader.ExtensionStatus("installed", "x"))
     rows = dict(doctor.report())
     assert rows["CPU kernel"].startswith(kernel)
     assert rows["O1 native casts"].startswith(doctor.STATE_WORDS[found_state])
@@ -90,9 +92,9 @@ def test_doctor_build_compiles_what_is_missing(monkeypatch, capsys, built, code)
 
     def build_now(kind):
         asked.append(kind)
-        return _ext.ExtensionStatus("jit", "x") if built else _ext.ExtensionStatus("unavailable", "error", said=True)
+        return loader.ExtensionStatus("jit", "x") if built else loader.ExtensionStatus("unavailable", "error", said=True)
 
-    monkeypatch.setattr(_ext, "build_now", build_now)
+    monkeypatch.setattr(loader, "build_now", build_now)
     assert doctor.main(["--build"]) == code
     assert asked == (["cpu", "cuda"] if torch.version.cuda else ["cpu"])
 
@@ -143,6 +145,30 @@ def test_version_names_apexlite_torch_and_the_toolchain(capsys):
     first, second = capsys.readouterr().out.splitlines()
     assert first.startswith(f"apexlite {__version__} (") and f"torch {torch.__version__}" in first
     assert "nvcc" in second and "C++" in second
+
+
+NVCC = "/usr/local/cuda/bin/nvcc"
+# (torch's CUDA, the nvcc the toolchain found for it, the nvcc on PATH for a CPU-only torch) -> nvcc's words
+NVCC_CASES = [
+    ("cpu-torch-nvcc-found", dict(), NVCC, "13.0 (/usr/local/cuda/bin/nvcc), not needed (CPU-only torch)"),
+    ("cpu-torch-no-nvcc", dict(), None, "not found, not needed (CPU-only torch)"),
+    ("cuda-torch-match", CUDA_130_NVCC_130, None,
+     "13.0 (/usr/local/bin/nvcc), needed to compile the CUDA kernel (torch built with CUDA 13.0)"),
+    ("cuda-torch-mismatch", CUDA_121_NVCC_130, None,
+     "13.0 (/usr/local/bin/nvcc), cannot compile the CUDA kernel: torch was built with CUDA 12.4 (another major)"),
+    ("cuda-torch-no-nvcc", dict(CUDA_130_NVCC_130, nvcc=None, nvcc_version=None, cuda_home=None), None,
+     "not found, needed to compile the CUDA kernel (torch built with CUDA 13.0)"),
+]
+
+
+@pytest.mark.parametrize("facts, on_path, words", [case[1:] for case in NVCC_CASES], ids=[c[0] for c in NVCC_CASES])
+def test_doctor_and_version_say_the_same_about_nvcc(monkeypatch, no_compiling, facts, on_path, words):
+    monkeypatch.setattr(state, "toolchain", lambda: tools(**facts))
+    monkeypatch.setattr(doctor.plan, "find_nvcc", lambda environ=None: on_path)
+    monkeypatch.setattr(doctor.plan, "nvcc_release", lambda nvcc: "13.0" if nvcc == NVCC else None)
+    monkeypatch.setattr(state, "find_cuda", lambda cpu, retry=False: state.Finding("incompatible", "test"))
+    assert dict(doctor.report())["nvcc"] == words
+    assert f"; nvcc {words}; C++: " in doctor.version_text()
 
 
 def test_doctor_runs_as_a_command_without_compiling(tmp_path):

@@ -26,7 +26,8 @@ NOT_SHIPPED = shutil.ignore_patterns(".git", "build", "dist", ".venv*", "*.egg-i
                                      "_build_record.json", "_csrc", ".pytest_cache", "out", "gpu_check_results")
 FIRST_STEP = """
 import torch
-from apexlite import amp, _ext
+from apexlite import amp
+from apexlite._native import loader
 from apexlite.amp.o1 import native_casts
 from apexlite.optimizers import FusedAdam, _adam_step
 
@@ -41,7 +42,7 @@ for _ in range(3):
     reference.step()
 torch.testing.assert_close(p.detach(), q.detach())
 model = amp.initialize(torch.nn.Linear(4, 4), opt_level="O1", dtype=torch.bfloat16, verbosity=0)
-print("RESULT", _ext.status().source, _adam_step.resolve("auto", p.device), native_casts.status(),
+print("RESULT", loader.status().source, _adam_step.resolve("auto", p.device), native_casts.status(),
       torch._C._dispatch_has_kernel_for_dispatch_key("apexlite::fused_adam_", "CPU"))
 amp.deinitialize()
 """

@@ -18,7 +18,7 @@ from typing import Iterable, List, Optional
 
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader as _ext
 from apexlite._logging import get_logger
 from apexlite.optimizers import _torch_fused
 from apexlite.optimizers._reference import reference_adam_step

@@ -13,7 +13,7 @@ import itertools
 import pytest
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader as _ext
 from apexlite.optimizers import FusedAdam, _torch_fused
 from apexlite.optimizers._reference import reference_adam_step
 from tests._helpers.tolerances import dtype_tols

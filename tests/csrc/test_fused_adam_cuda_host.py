@@ -51,7 +51,7 @@ from typing import List, Tuple
 import pytest
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader as _ext
 from tests.csrc import emulated_cuda
 
 pytestmark = [

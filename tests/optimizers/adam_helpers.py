@@ -10,7 +10,7 @@ from typing import Dict, List, Sequence
 import pytest
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader as _ext
 from apexlite.optimizers import _torch_fused
 from tests._helpers.tolerances import dtype_tols
 

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader as _ext
 from apexlite.optimizers import FusedAdam, _adam_step, _torch_fused, fused_adam_step
 
 
@@ -94,7 +94,7 @@ def test_functional_step_reports_the_path_it_took(implementation):
 def test_disable_env_forces_quiet_torch_or_reference_path():
     code = (
         "import warnings, torch; warnings.simplefilter('error');"
-        "from apexlite import _ext; from apexlite.optimizers import FusedAdam, _adam_step;"
+        "from apexlite._native import loader as _ext; from apexlite.optimizers import FusedAdam, _adam_step;"
         "p = torch.nn.Parameter(torch.ones(3)); p.grad = torch.ones(3); FusedAdam([p]).step();"
         "print(_ext.status().source, _adam_step.resolve('auto', p.device), float(p.detach()[0]))"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader as _ext
 from apexlite.optimizers import FusedAdam
 from tests.optimizers.adam_helpers import (
     HALF_DTYPES, IMPLEMENTATIONS, STEPS, assert_close, assert_state_matches, fp32_leaves, leaves,

@@ -14,7 +14,7 @@ from typing import List
 import pytest
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader as _ext
 from apexlite.compat import amp_C
 from tests._helpers.layouts import CONTIGUOUS, SHAPES, Layout, layout_pairs, one_sided_pairs, same_bits
 from tests._helpers.tolerances import dtype_tols

@@ -14,8 +14,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from apexlite import _ext
 from apexlite._logging import get_logger
+from apexlite._native import loader
 from apexlite.amp.o1.cache import CastCache
 from apexlite.amp.o1.cast_state import CastState, CastSwitches
 from apexlite.amp.o1.policies import CastPolicy
@@ -31,8 +31,8 @@ log = get_logger("amp.casts")
 @functools.lru_cache(maxsize=None)
 def _native_module() -> Optional[Any]:
     """apexlite's CPU library (installed apexlite._C, or compiled on first use) when it carries the O1 cast
-    types, else None (looked up once; see apexlite/_ext.py)."""
-    compiled = _ext.native_module()
+    types, else None (looked up once; see apexlite/_native/loader.py)."""
+    compiled = loader.native_module()
     return compiled if hasattr(compiled, "CastWrapper") else None
 
 
@@ -41,7 +41,7 @@ def status() -> str:
     if os.environ.get(DISABLE_ENV, "") == "1":
         return f"python ({DISABLE_ENV}=1)"
     if _native_module() is None:
-        return f"python (apexlite's compiled casts are not available: {_ext.status().detail})"
+        return f"python (apexlite's compiled casts are not available: {loader.status().detail})"
     return "native"
 
 

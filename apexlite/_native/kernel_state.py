@@ -1,4 +1,4 @@
-"""The state of apexlite's compiled libraries, found without compiling anything (for _ext.py and doctor).
+"""The state of apexlite's compiled libraries, found without compiling anything (for loader.py and doctor).
 
 Per library (the CPU library; the CUDA kernel): installed (apexlite._C, compiled at install against this
 torch), cached (compiled on first use earlier), buildable (not compiled yet, and this machine can),
@@ -18,12 +18,12 @@ from typing import Optional, Tuple
 
 import torch
 
-from apexlite import _build_plan as plan
-from apexlite import _jit_build
+from apexlite._native import build_plan as plan
+from apexlite._native import jit_build
 
 DISABLE_ENV = plan.DISABLE_ENV
 OP_NAME = "apexlite::fused_adam_"
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parent.parent  # apexlite/
 RECORD = PACKAGE / "_build_record.json"
 
 
@@ -48,7 +48,7 @@ class Finding:
 
     state: str
     detail: str
-    library: Optional[_jit_build.CachedLibrary] = None
+    library: Optional[jit_build.CachedLibrary] = None
 
 
 def kernel_sources() -> Optional[Path]:
@@ -110,7 +110,7 @@ def installed_module() -> Tuple[Optional[types.ModuleType], str]:
 
 
 def _cached_or_buildable(kind: str, csrc: Path, why: str, retry: bool) -> Finding:
-    library = _jit_build.library_for(kind, csrc, toolchain())
+    library = jit_build.library_for(kind, csrc, toolchain())
     outcome = library.outcome() or {}
     if outcome.get("state") == "built":
         return Finding("cached", f"compiled on first use, cached in {library.folder}", library)

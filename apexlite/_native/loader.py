@@ -3,7 +3,7 @@
 CPU library (FusedAdam's CPU kernel, the op schema, O1's native casts), the first of:
 
 1. ``apexlite._C``, compiled at install against this torch (setup.py);
-2. a first-use build cached for this torch, interpreter and source (apexlite/_jit_build.py), loaded at once;
+2. a first-use build cached for this torch, interpreter and source (apexlite/_native/jit_build.py), loaded at once;
 3. a first-use build now, when the sources are here and this machine can compile them: one line on
    stderr before ("compiling apexlite's ... (first use, about N min ...)...") and one after, with the time.
 
@@ -15,7 +15,7 @@ and a toolkit of torch's CUDA major version is found. Without a kernel, FusedAda
 Adam ops (the pure-torch reference where torch has none) and O1 its Python casts.
 
 ``APEXLITE_DISABLE_EXTENSION=1`` skips all of it. Nothing happens at import; what exists is found by
-apexlite/_kernel_state.py, which never compiles (doctor's view).
+apexlite/_native/kernel_state.py, which never compiles (doctor's view).
 """
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ from typing import Optional, Tuple
 
 import torch
 
-from apexlite import _build_plan as plan
-from apexlite import _jit_build
-from apexlite import _kernel_state as state
-from apexlite._kernel_state import ExtensionStatus, Finding
+from apexlite._native import build_plan as plan
+from apexlite._native import jit_build
+from apexlite._native import kernel_state as state
+from apexlite._native.kernel_state import ExtensionStatus, Finding
 from apexlite._logging import get_logger, is_rank_zero
 
 DISABLE_ENV = plan.DISABLE_ENV
@@ -61,15 +61,15 @@ def _build(found: Finding, kind: str) -> Tuple[bool, str]:
     """Compiles `found`'s library with one line before and one after; (built, detail)."""
     csrc = state.kernel_sources()
     sources = plan.cpu_sources(csrc) if kind == "cpu" else plan.cuda_sources(csrc)
-    title = _jit_build.TITLES[kind]
+    title = jit_build.TITLES[kind]
     jobs = plan.parallel_jobs()
     _say(20, f"compiling apexlite's {title} for torch {torch.__version__} (first use, about "
              f"{plan.estimate_minutes(kind, jobs)} min with {jobs} parallel jobs; cached in {found.library.folder})...")
     started = time.monotonic()
     try:
-        seconds = _jit_build.build(found.library, sources, plan.include_dirs(csrc),
+        seconds = jit_build.build(found.library, sources, plan.include_dirs(csrc),
                                    state.toolchain().cuda_home if kind == "cuda" else None)
-    except _jit_build.BuildFailed as error:
+    except jit_build.BuildFailed as error:
         _say(30, f"compiling apexlite's {title} for torch {torch.__version__} failed after "
                  f"{time.monotonic() - started:.0f} s: {error}. {FALLBACK}. Log: {found.library.log}; after fixing "
                  f"the cause, `{plan.DOCTOR_BUILD}` retries.")
@@ -93,7 +93,7 @@ def _cpu_library() -> Tuple[ExtensionStatus, Optional[types.ModuleType]]:
     if found.state == "cached":
         return ExtensionStatus("jit", found.detail, state.has_kernel("CUDA")), _load_python_module(found.library.path)
     if found.state == "failed":
-        _say(30, f"apexlite's {_jit_build.TITLES['cpu']} are not available: {found.detail}. {FALLBACK}.")
+        _say(30, f"apexlite's {jit_build.TITLES['cpu']} are not available: {found.detail}. {FALLBACK}.")
         return ExtensionStatus("unavailable", found.detail, said=True), None
     return ExtensionStatus("unavailable", found.detail), None
 
@@ -129,7 +129,7 @@ def cuda_status() -> ExtensionStatus:
             return ExtensionStatus("unavailable", f"{found.library.path} registers no CUDA kernel")
         return ExtensionStatus("jit", found.detail, True)
     if found.state == "failed":
-        _say(30, f"apexlite's {_jit_build.TITLES['cuda']} is not available: {found.detail}. FusedAdam on GPU uses "
+        _say(30, f"apexlite's {jit_build.TITLES['cuda']} is not available: {found.detail}. FusedAdam on GPU uses "
                  "torch's fused Adam ops.")
         return ExtensionStatus("unavailable", found.detail, said=True)
     return ExtensionStatus("unavailable", found.detail)

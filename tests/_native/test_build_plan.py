@@ -1,13 +1,13 @@
-"""What the install compiles and why not (apexlite/_build_plan.py): the decisions from faked machine facts."""
+"""What the install compiles and why not (apexlite/_native/build_plan.py): the decisions from faked machine facts."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from apexlite import _build_plan as plan
+from apexlite._native import build_plan as plan
 
-CSRC = Path(__file__).resolve().parents[1] / "csrc"
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
 
 
 def tools(**facts) -> plan.Toolchain:

@@ -19,7 +19,7 @@ from typing import List, Optional
 
 import torch
 
-from apexlite import _build_plan as plan
+from apexlite._native import build_plan as plan
 
 LIBRARY_NAMES = {"cpu": "apexlite_cpu_kernels", "cuda": "apexlite_cuda_kernels"}
 TITLES = {"cpu": "CPU kernels and O1 casts", "cuda": "CUDA kernel"}

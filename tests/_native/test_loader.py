@@ -1,7 +1,7 @@
-"""Finding, compiling on first use and loading apexlite's kernels (apexlite/_ext.py), on a faked machine.
+"""Finding, compiling on first use and loading apexlite's kernels (apexlite/_native/loader.py), on a faked machine.
 
 The compiler is faked here (a real first-use build is tests/test_packaging.py's slow fresh-venv test;
-a real failing compile is tests/test_jit_build.py's): what is checked is which library is chosen, that
+a real failing compile is tests/_native/testjit_build.py's): what is checked is which library is chosen, that
 a build runs once, what is said (a line before and after a build, one line for a failure, nothing twice)
 and that a failure is remembered per torch and source.
 """
@@ -14,24 +14,24 @@ import types
 import pytest
 import torch
 
-from apexlite import _build_plan as plan
-from apexlite import _ext, _jit_build
-from apexlite import _kernel_state as state
+from apexlite._native import build_plan as plan
+from apexlite._native import jit_build, loader
+from apexlite._native import kernel_state as state
 from apexlite.optimizers import _adam_step, _torch_fused
-from tests.test_build_plan import CUDA_121_NVCC_130, CUDA_130_NVCC_130, tools
+from tests._native.test_build_plan import CUDA_121_NVCC_130, CUDA_130_NVCC_130, tools
 
-CPU_TITLE = _jit_build.TITLES["cpu"]
+CPU_TITLE = jit_build.TITLES["cpu"]
 
 
 def _clear_caches() -> None:
     """Forgets what this process found (the functions a fixture replaced have no cache to clear)."""
-    for cached in (_ext._cpu_library, _ext.cuda_status, state.installed_module, state.toolchain,
-                   _ext.warn_fallback, _adam_step._note_torch_path):
+    for cached in (loader._cpu_library, loader.cuda_status, state.installed_module, state.toolchain,
+                   loader.warn_fallback, _adam_step._note_torch_path):
         getattr(cached, "cache_clear", lambda: None)()
 
 
 class FakeCompiler:
-    """Stands in for _jit_build.build: records each build and leaves what a real one leaves."""
+    """Stands in for jit_build.build: records each build and leaves what a real one leaves."""
 
     def __init__(self, error: str = "") -> None:
         self.error = error
@@ -42,7 +42,7 @@ class FakeCompiler:
         library.folder.mkdir(parents=True, exist_ok=True)
         if self.error:
             library._write_outcome(state="failed", detail=self.error, seconds=3, log=str(library.log))
-            raise _jit_build.BuildFailed(self.error)
+            raise jit_build.BuildFailed(self.error)
         library.path.write_bytes(b"")
         library._write_outcome(state="built", seconds=42)
         return 42.0
@@ -52,15 +52,15 @@ class FakeCompiler:
 def machine(monkeypatch, tmp_path):
     """A torch 2.13 CPU machine with a compiler, no installed apexlite._C and an empty first-use cache."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv(_ext.DISABLE_ENV, raising=False)
+    monkeypatch.delenv(loader.DISABLE_ENV, raising=False)
     monkeypatch.setattr(state, "RECORD", tmp_path / "_build_record.json")
     monkeypatch.setattr(state, "installed_module", lambda: (None, "not compiled at install"))
     monkeypatch.setattr(state, "toolchain", lambda: tools(torch_version=torch.__version__))
     loaded = types.SimpleNamespace(CastWrapper=object)
-    monkeypatch.setattr(_ext, "_load_python_module", lambda path: loaded)
+    monkeypatch.setattr(loader, "_load_python_module", lambda path: loaded)
     monkeypatch.setattr(state, "has_kernel", lambda key: key == "CPU")
     compiler = FakeCompiler()
-    monkeypatch.setattr(_jit_build, "build", compiler)
+    monkeypatch.setattr(jit_build, "build", compiler)
     _clear_caches()
     yield compiler
     _clear_caches()
@@ -72,9 +72,9 @@ def _messages(caplog):
 
 def test_first_use_compiles_once_and_says_so_before_and_after(machine, caplog):
     with caplog.at_level(logging.INFO, logger="apexlite"):
-        found = _ext.status()
-        assert _ext.status() is found
-    assert found.source == "jit" and found.cpu and _ext.native_module().CastWrapper is object
+        found = loader.status()
+        assert loader.status() is found
+    assert found.source == "jit" and found.cpu and loader.native_module().CastWrapper is object
     assert machine.builds == [("cpu", [p.name for p in plan.cpu_sources(state.kernel_sources())], None)]
     (level1, before), (level2, after) = _messages(caplog)
     assert before.startswith(f"apexlite: compiling apexlite's {CPU_TITLE} for torch {torch.__version__} (first use, "
@@ -84,11 +84,11 @@ def test_first_use_compiles_once_and_says_so_before_and_after(machine, caplog):
 
 
 def test_a_later_process_loads_the_cached_build_quietly(machine, caplog):
-    _ext.status()
-    _clear_caches()  # a new process, as far as _ext can tell
+    loader.status()
+    _clear_caches()  # a new process, as far as the loader can tell
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="apexlite"):
-        found = _ext.status()
+        found = loader.status()
     assert found.source == "jit" and "cached in" in found.detail
     assert len(machine.builds) == 1 and _messages(caplog) == []
     assert state.find_cpu().state == "cached"
@@ -98,7 +98,7 @@ def test_a_build_error_is_said_once_then_remembered(machine, caplog, monkeypatch
     machine.error = "csrc/torch/o1_cast_table.cpp:120:5: error: 'any_modes_set' is not a member"
     monkeypatch.setattr(_torch_fused, "available", lambda device_type: True)
     with caplog.at_level(logging.INFO, logger="apexlite"):
-        found = _ext.status()
+        found = loader.status()
         assert _adam_step.resolve("auto", torch.device("cpu")) == "torch"  # no second line about it
     assert not found.cpu and found.said
     said = _messages(caplog)
@@ -109,7 +109,7 @@ def test_a_build_error_is_said_once_then_remembered(machine, caplog, monkeypatch
     caplog.clear()
     _clear_caches()  # the next process does not compile the same failing sources again
     with caplog.at_level(logging.INFO, logger="apexlite"):
-        assert not _ext.status().cpu
+        assert not loader.status().cpu
     assert len(machine.builds) == 1
     [(level, message)] = _messages(caplog)
     assert level == logging.WARNING and "failed on" in message and machine.error in message
@@ -118,9 +118,9 @@ def test_a_build_error_is_said_once_then_remembered(machine, caplog, monkeypatch
 
 def test_doctor_build_retries_after_a_build_error(machine):
     machine.error = "error: something"
-    assert not _ext.status().cpu
+    assert not loader.status().cpu
     machine.error = ""
-    assert _ext.build_now("cpu").source == "jit"
+    assert loader.build_now("cpu").source == "jit"
     assert len(machine.builds) == 2 and state.find_cpu().state == "cached"
 
 
@@ -134,18 +134,18 @@ def _write_record(machine_record, cpu_state, detail="", torch_version=None):
 def test_a_compile_that_failed_at_install_is_not_repeated_on_first_use(machine, caplog):
     _write_record(state.RECORD, "failed", "ops.cpp:1: error: boom")
     with caplog.at_level(logging.INFO, logger="apexlite"):
-        found = _ext.status()
+        found = loader.status()
     assert not found.cpu and machine.builds == []
     [(level, message)] = _messages(caplog)
     assert "failed at install: ops.cpp:1: error: boom" in message and plan.DOCTOR_BUILD in message
-    assert _ext.build_now("cpu").source == "jit" and len(machine.builds) == 1
+    assert loader.build_now("cpu").source == "jit" and len(machine.builds) == 1
 
 
 def test_a_record_of_other_sources_does_not_block_first_use(machine):
     _write_record(state.RECORD, "failed", "error: old")
     record = json.loads(state.RECORD.read_text())
     state.RECORD.write_text(json.dumps(dict(record, sources="0" * 16)))
-    assert _ext.status().source == "jit" and len(machine.builds) == 1
+    assert loader.status().source == "jit" and len(machine.builds) == 1
 
 
 @pytest.mark.parametrize("facts, expected", [
@@ -155,18 +155,18 @@ def test_a_record_of_other_sources_does_not_block_first_use(machine):
 def test_nothing_is_compiled_where_it_cannot_be(machine, monkeypatch, caplog, facts, expected):
     monkeypatch.setattr(state, "toolchain", lambda: tools(torch_version=torch.__version__, **facts))
     with caplog.at_level(logging.INFO, logger="apexlite.ext"):
-        found = _ext.status()
+        found = loader.status()
     assert not found.cpu and not found.said and expected in found.detail and "not compiled at install" in found.detail
     assert machine.builds == [] and _messages(caplog) == [] and state.find_cpu().state == "incompatible"
 
 
 def test_disabled_compiles_and_loads_nothing(machine, monkeypatch):
-    monkeypatch.setenv(_ext.DISABLE_ENV, "1")
-    assert _ext.status().source == "disabled" and _ext.native_module() is None and machine.builds == []
+    monkeypatch.setenv(loader.DISABLE_ENV, "1")
+    assert loader.status().source == "disabled" and loader.native_module() is None and machine.builds == []
 
 
 def test_kernel_sources_of_a_checkout_and_of_a_wheel(monkeypatch, tmp_path):
-    monkeypatch.delenv(_ext.DISABLE_ENV, raising=False)  # the suite may run with it set
+    monkeypatch.delenv(loader.DISABLE_ENV, raising=False)  # the suite may run with it set
     assert state.kernel_sources() is None or plan.is_kernel_tree(state.kernel_sources())
     package = tmp_path / "site-packages" / "apexlite"
     monkeypatch.setattr(state, "PACKAGE", package)
@@ -204,7 +204,7 @@ def gpu_machine(machine, monkeypatch):
     registered = {"CPU": True, "CUDA": False}
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
     monkeypatch.setattr(state, "toolchain", lambda: tools(**CUDA_130_NVCC_130))
-    monkeypatch.setattr(_ext, "_cpu_library", lambda: (_ext.ExtensionStatus("installed", "/x/_C.so"), None))
+    monkeypatch.setattr(loader, "_cpu_library", lambda: (loader.ExtensionStatus("installed", "/x/_C.so"), None))
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -215,9 +215,9 @@ def gpu_machine(machine, monkeypatch):
 
 
 def test_cuda_kernel_is_compiled_once_on_first_gpu_use(gpu_machine):
-    assert _ext.kernels_available("cuda") and _ext.kernels_available("cuda")
+    assert loader.kernels_available("cuda") and loader.kernels_available("cuda")
     assert gpu_machine.builds == [("cuda", ["fused_adam_cuda.cpp", "fused_adam.cu"], "/usr/local/cuda")]
-    found = _ext.cuda_status()
+    found = loader.cuda_status()
     assert found.source == "jit" and "cached in" in found.detail and found.detail.endswith("-nvcc13.0-sm9.0")
 
 
@@ -236,5 +236,5 @@ def test_cuda_kernel_is_not_compiled_without_what_it_needs(gpu_machine, monkeypa
         monkeypatch.setattr(state, "toolchain", lambda: tools(**dict(CUDA_130_NVCC_130, nvcc=None, nvcc_version=None)))
     else:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert not _ext.kernels_available("cuda")
-    assert gpu_machine.builds == [] and expected in _ext.kernel_detail("cuda")
+    assert not loader.kernels_available("cuda")
+    assert gpu_machine.builds == [] and expected in loader.kernel_detail("cuda")

@@ -8,14 +8,13 @@ that keeps the masters and unscales in its own step, see fused_master.py).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 import torch
 
 from apexlite._logging import get_logger
-from apexlite.amp.checkpoint_convert import copy_masters_into_params, take_masters_for_params, without_marker
-from apexlite.amp.errors import AmpUsageError, AmpStateError
-from apexlite.amp.o1.patcher import Patcher
+from apexlite.amp.errors import AmpStateError, AmpUsageError
+from apexlite.amp.plain_grads import PlainGrads
 from apexlite.amp.optimizer_step import OneShotSkip, bind_amp_step, replaces_step
 from apexlite.amp.scaler import LossScaler
 
@@ -26,107 +25,6 @@ log = get_logger("amp")
 
 OVERFLOW_MESSAGE = "Gradient overflow.  Skipping step, loss scaler {} reducing loss scale to {}"
 STATIC_OVERFLOW_MESSAGE = "Gradient overflow.  Skipping step, loss scaler {} keeps its static loss scale {}"
-
-
-def optimizer_params(optimizer: Any) -> List[torch.Tensor]:
-    """Every param the optimizer steps, in param-group order."""
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-class PlainGrads:
-    """Grad handling when the optimizer steps the model params themselves (no master weights).
-
-    Several `scale_loss` blocks before one step accumulate correctly: grads present before a backward
-    are stashed (already unscaled), the new grads are unscaled and checked, then the stash is added back.
-    """
-
-    def __init__(self, optimizer: Any, params_fn: Optional[Callable[[], List[torch.Tensor]]] = None,
-                 models_fn: Callable[[], List[torch.nn.Module]] = list) -> None:
-        self.optimizer = optimizer
-        self.update_finished = False  # PlainGrads has no post-hook: AmpOptimizer finishes its steps
-        self._params_fn = params_fn
-        self._models_fn = models_fn
-        self._stash: List[Tuple[torch.Tensor, torch.Tensor]] = []
-
-    def install(self, patcher: Patcher) -> None:
-        """Let the optimizer load O2 checkpoints (masters become the params' values)."""
-        self._load_state_dict = patcher.set_attribute(self.optimizer, "load_state_dict", self.load_state_dict)
-
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """The optimizer's own load; an O2 checkpoint's fp32 masters are copied into the params."""
-        state_dict = without_marker(state_dict)
-        pairs = take_masters_for_params(state_dict, optimizer_params(self.optimizer), self._models_fn())
-        self._load_state_dict(state_dict)
-        copy_masters_into_params(pairs, self.optimizer)
-
-    def params(self) -> List[torch.Tensor]:
-        """The params whose grads this strategy manages (all of the optimizer's by default)."""
-        if self._params_fn is not None:
-            return self._params_fn()
-        return optimizer_params(self.optimizer)
-
-    def prepare(self) -> None:
-        self._stash = []
-        for param in self.params():
-            if param.grad is not None:
-                self._stash.append((param, param.grad))
-                param.grad = None
-
-    def adopt_stash(self, pairs: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Take (param, unscaled grad) pairs stashed elsewhere, to be added back by `post`."""
-        self._stash = list(pairs)
-
-    def post(self, scaler: LossScaler) -> None:
-        fresh = [p.grad for p in self.params() if p.grad is not None]
-        if fresh and scaler.checks_overflow:
-            scaler.unscale(fresh)
-        self._restore_stash()
-
-    def new_grads(self) -> List[torch.Tensor]:
-        """The grads the current backward produced (`prepare` moved every older one to the stash)."""
-        return [p.grad for p in self.params() if p.grad is not None]
-
-    def discard_new(self) -> None:
-        """Drop what the current backward produced and put the older grads back, exactly as they were."""
-        for param in self.params():
-            param.grad = None
-        for param, grad in self._stash:
-            param.grad = grad
-        self._stash = []
-
-    def _restore_stash(self) -> None:
-        both_new, both_old = [], []
-        for param, stashed in self._stash:
-            if param.grad is None:
-                param.grad = stashed
-            else:
-                both_new.append(param.grad)
-                both_old.append(stashed)
-        if both_new:
-            torch._foreach_add_(both_new, both_old)
-        self._stash = []
-
-    def master_pairs(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-        """(model param, fp32 master) pairs: none, the optimizer steps the model params."""
-        return []
-
-    def before_step(self) -> None:
-        pass
-
-    def after_step(self) -> None:
-        pass
-
-    def abandon_step(self) -> None:
-        pass
-
-    def on_skip(self) -> None:
-        """Drop the overflowed grads with the step: kept, a later backward would add to them unchecked."""
-        for param in self.params():
-            param.grad = None
-        self._stash = []
-
-    def detach(self) -> None:
-        self._stash = []
 
 
 class AmpOptimizer:

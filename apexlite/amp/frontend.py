@@ -9,7 +9,8 @@ import torch
 
 from apexlite.amp import checks
 from apexlite.amp.advice import warn_known_traps
-from apexlite.amp.amp_optimizer import AmpOptimizer, PlainGrads
+from apexlite.amp.amp_optimizer import AmpOptimizer
+from apexlite.amp.plain_grads import PlainGrads
 from apexlite.amp.checkpoint_convert import check_masters_not_dropped
 from apexlite.amp.errors import AmpConfigError
 from apexlite.amp.fused_master import FusedMasterGrads, supports_fused_master_step

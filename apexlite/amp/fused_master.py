@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from apexlite.amp.amp_optimizer import PlainGrads, optimizer_params
+from apexlite.amp.plain_grads import PlainGrads, optimizer_params
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.checkpoint_convert import without_marker
 from apexlite.amp.master import LOW_PRECISION, MASTERS_KEY, check_saved_masters, copy_into

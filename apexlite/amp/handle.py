@@ -15,7 +15,8 @@ from typing import Any, Iterator, List
 
 import torch
 
-from apexlite.amp.amp_optimizer import AmpOptimizer, PlainGrads
+from apexlite.amp.amp_optimizer import AmpOptimizer
+from apexlite.amp.plain_grads import PlainGrads
 from apexlite.amp.environment import DTYPE_ENV, parse_dtype
 from apexlite.amp.errors import AmpUsageError
 from apexlite.amp.o1.patches import set_o1_patches

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from apexlite._logging import get_logger
-from apexlite.amp.amp_optimizer import PlainGrads, optimizer_params
+from apexlite.amp.plain_grads import PlainGrads, optimizer_params
 from apexlite.amp.checkpoint_convert import MASTERS_KEY, mark_masters, without_marker
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.errors import AmpUsageError

@@ -3,7 +3,7 @@ import inspect
 
 import pytest
 
-from apexlite.amp.amp_optimizer import PlainGrads
+from apexlite.amp.plain_grads import PlainGrads
 from apexlite.amp.fused_master import FusedMasterGrads
 from apexlite.amp.grad_strategy import GradStrategy
 from apexlite.amp.master import MasterParams

@@ -1,6 +1,6 @@
 """GradStrategy: what AmpOptimizer asks of the object that owns one optimizer's gradients.
 
-Three implementations: `PlainGrads` (amp_optimizer.py: the optimizer steps the model params; O0, O1,
+Three implementations: `PlainGrads` (plain_grads.py: the optimizer steps the model params; O0, O1,
 O3), `MasterParams` (master.py: separate fp32 masters in the param groups; O2 with any torch
 optimizer) and `FusedMasterGrads` (fused_master.py: an optimizer that keeps its own fp32 masters and
 unscales in its step; O2 with FusedAdam). AmpOptimizer calls these methods at fixed points of a

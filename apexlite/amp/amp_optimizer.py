@@ -2,9 +2,9 @@
 
 Where amp replaces `optimizer.step`, where it uses step hooks instead, and how a step after an
 overflow is skipped is described in optimizer_step.py. Gradient bookkeeping is delegated to a
-strategy (grad_strategy.GradStrategy): `PlainGrads` (plain_grads.py; O0/O1/O3: grads live on the params the optimizer
-steps), `MasterParams` (O2: fp32 masters, see master.py) or `FusedMasterGrads` (O2 with an optimizer
-that keeps the masters and unscales in its own step, see fused_master.py).
+strategy (grad_strategy.GradStrategy): `PlainGrads` (plain_grads.py; O0/O1/O3: grads live on the
+params the optimizer steps), `MasterParams` (O2: fp32 masters, see master.py) or `FusedMasterGrads`
+(O2 with an optimizer that keeps the masters and unscales in its own step, see fused_master.py).
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ and that a failure is remembered per torch and source.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import types
@@ -24,11 +25,21 @@ from tests._native.test_build_plan import CUDA_121_NVCC_130, CUDA_130_NVCC_130, 
 CPU_TITLE = jit_build.TITLES["cpu"]
 
 
+CACHED = [(loader, "_cpu_library"), (loader, "cuda_status"), (loader, "warn_fallback"),
+          (_adam_step, "_note_torch_path")]  # what a process finds once
+
+
 def _clear_caches() -> None:
     """Forgets what this process found (the functions a fixture replaced have no cache to clear)."""
-    for cached in (loader._cpu_library, loader.cuda_status, state.installed_module, state.toolchain,
-                   loader.warn_fallback, _adam_step._note_torch_path):
+    for cached in [getattr(*where) for where in CACHED] + [state.installed_module, state.toolchain]:
         getattr(cached, "cache_clear", lambda: None)()
+
+
+def _fresh_caches(monkeypatch) -> None:
+    """Empty copies of the process's caches for one test; the real ones, and what they found about this
+    machine, come back afterwards for the rest of the suite."""
+    for module, name in CACHED:
+        monkeypatch.setattr(module, name, functools.lru_cache(maxsize=None)(getattr(module, name).__wrapped__))
 
 
 class FakeCompiler:
@@ -65,9 +76,8 @@ def machine(monkeypatch, tmp_path):
     monkeypatch.setattr(build_time, "this_machine", lambda jobs: Machine(2, 2))  # an idle 2-core machine
     compiler = FakeCompiler()
     monkeypatch.setattr(jit_build, "build", compiler)
-    _clear_caches()
-    yield compiler
-    _clear_caches()
+    _fresh_caches(monkeypatch)
+    return compiler
 
 
 def _messages(caplog):

@@ -14,12 +14,12 @@
   ``TORCH_CUDA_ARCH_LIST`` defaults to the visible GPU's, or 9.0 without one.
 """
 import contextlib
+import importlib
 import importlib.util
 import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 from setuptools import setup
@@ -30,16 +30,19 @@ CSRC = ROOT / "csrc"
 RECORD = "_build_record.json"
 
 
-def _load_plan():
-    """apexlite/_native/build_plan.py, loaded by path: importing apexlite here would need torch and wrapt."""
-    spec = importlib.util.spec_from_file_location("_apexlite_build_plan", ROOT / "apexlite" / "_native" / "build_plan.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+def _load_native():
+    """apexlite/_native's standard-library modules (build_plan, build_time, build_progress), loaded as a
+    package of their own: importing apexlite here would need torch and wrapt."""
+    folder = ROOT / "apexlite" / "_native"
+    spec = importlib.util.spec_from_file_location("_apexlite_native", folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = package  # its modules' relative imports, and dataclasses, find it by name
+    spec.loader.exec_module(package)
+    return [importlib.import_module(f"{spec.name}.{name}") for name in ("build_plan", "build_time", "build_progress")]
 
 
-plan = _load_plan()
+plan, build_time, build_progress = _load_native()
 
 
 def say(message):
@@ -98,7 +101,7 @@ def _kernel_build_class(torch, cpp_extension, tools, install):
                 obstacle = plan.cuda_obstacle(tools)
                 say(f"CUDA kernel not built: {obstacle}; FusedAdam on a GPU uses torch's fused Adam ops (`python -m "
                     "apexlite doctor` shows this again)." if obstacle else
-                    f"CUDA kernel not built ({cuda['detail']}); {plan.first_use_note('cuda', jobs)}.")
+                    f"CUDA kernel not built ({cuda['detail']}); {plan.first_use_note('cuda', jobs, tools)}.")
             write_record(ROOT / "apexlite" if self.into_source else Path(self.build_lib, "apexlite"),
                          torch.__version__, cpu, cuda)
 
@@ -109,13 +112,19 @@ def _kernel_build_class(torch, cpp_extension, tools, install):
             if not with_cuda:  # in place: setuptools has already prepared this Extension object
                 self.extensions[0].sources = _relative(plan.cpu_sources(CSRC))
                 self.extensions[0].extra_compile_args = {"cxx": list(plan.CXX_FLAGS)}
-            say(f"compiling apexlite._C ({what}) against torch {torch.__version__}, {jobs} parallel jobs, about "
-                f"{plan.estimate_minutes('cpu', jobs) + (plan.estimate_minutes('cuda', jobs) if with_cuda else 0)} "
-                "min...")
-            started = time.monotonic()
+            library = "cpu+cuda" if with_cuda else "cpu"
+            machine, compiler, history = build_time.this_machine(jobs), plan.compiler_key(tools, library), \
+                build_time.history_file()
+            expected = build_time.estimate(library, machine, build_time.read_history(history), torch.__version__,
+                                           compiler)
+            say(f"compiling apexlite._C ({what}) against torch {torch.__version__}, {expected.about} "
+                f"({expected.why})...")
+            clock = build_time.Stopwatch()
             output = Path(self.build_temp, "compiler-output.txt")
+            progress = build_progress.BuildProgress(Path(self.build_temp), len(self.extensions[0].sources),
+                                                    "compiling apexlite._C", expected.about, say)
             try:
-                with _stdout_to(output):
+                with _stdout_to(output), progress:
                     super().run()
                 if not os.path.exists(self._built_library()):
                     raise RuntimeError(f"the compiler produced no {self._built_library()}")
@@ -124,7 +133,7 @@ def _kernel_build_class(torch, cpp_extension, tools, install):
                     raise
                 reason = plan.first_error_line(_read(output) + "\n" + str(error))
                 say(f"compiling apexlite._C ({what}) against torch {torch.__version__} failed after "
-                    f"{time.monotonic() - started:.0f} s: {reason}")
+                    f"{clock.wall():.0f} s: {reason}")
                 if with_cuda:
                     cpu, _ = self._compile(jobs, with_cuda=False)
                     return cpu, {"state": "failed", "detail": reason}
@@ -132,7 +141,9 @@ def _kernel_build_class(torch, cpp_extension, tools, install):
                 say("FusedAdam and O1 use torch's ops; `python -m apexlite doctor` shows this again "
                     "(`pip install -v` shows the compiler's output).")
                 return {"state": "failed", "detail": reason}, {"state": "not built", "detail": install.cuda.why_not}
-            say(f"compiled apexlite._C ({what}) in {time.monotonic() - started:.0f} s")
+            if progress.complete():
+                build_time.remember(history, clock.finished(library, machine, torch.__version__, compiler))
+            say(f"compiled apexlite._C ({what}) in {clock.wall():.0f} s (estimated: {expected.about})")
             built = {"state": "built", "detail": ""}
             return built, (built if with_cuda else {"state": "not built", "detail": install.cuda.why_not})
 

@@ -114,7 +114,8 @@ STATE_WORDS = {"installed": "installed", "cached": "JIT-cached", "buildable": "n
 def kernel_text(found: state.Finding, library: str) -> str:
     """One kernel's row: its state word, then why or what happens next."""
     if found.state == "buildable":
-        return f"not compiled yet ({found.detail}); {plan.first_use_note(library, plan.parallel_jobs())}"
+        note = plan.first_use_note(library, plan.parallel_jobs(), state.toolchain())
+        return f"not compiled yet ({found.detail}); {note}"
     return f"{STATE_WORDS[found.state]}: {found.detail}"
 
 

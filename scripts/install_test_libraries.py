@@ -2,7 +2,7 @@
 
 They go into their own venv, build/test-libraries/<hash of the test interpreter's sys.prefix>, which
 sees the test interpreter's packages (torch, apexlite) through a .pth, so the test venv itself stays
-as CI makes it (no numpy). Pins of the extra are installed as written; those named in NO_DEPS are
+as CI makes it (without these libraries and their dependencies). Pins of the extra are installed as written; those named in NO_DEPS are
 installed without their dependencies (timm's torchvision: PyPI's wheel for torch 2.13 is CUDA-linked
 and cannot load with the CPU torch, and the tests need only timm's fast_norm.py). torch is pinned to
 the version the test interpreter has, so pip never replaces it.

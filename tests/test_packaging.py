@@ -1,7 +1,8 @@
 """A plain `pip install <checkout>` in a fresh venv, as installing from an index does (pip's build isolation:
 no torch in the build, so nothing is compiled at install): the kernel sources travel in the wheel, the first
-FusedAdam step compiles them once (a line before, a line after), the step then runs apexlite's compiled
-kernel, O1 gets the native casts, doctor calls the library JIT-cached, and nothing printed says "failed".
+FusedAdam step compiles them once (a line before, the steps done while it runs, a line after; its time is
+kept for the next estimate), the step then runs apexlite's compiled kernel, O1 gets the native casts,
+doctor calls the library JIT-cached, and nothing printed says "failed".
 
 One fresh venv (torch 2.13.0 from the local wheel, through pip's cache) and one real compile into a
 temporary TORCH_EXTENSIONS_DIR: minutes, so it is marked slow.
@@ -80,7 +81,11 @@ def test_plain_pip_install_compiles_the_kernels_on_first_use(tmp_path):
     assert f"apexlite: compiling apexlite's CPU kernels and O1 casts for torch {torch.__version__} (first use, about" \
         in first.stderr
     assert "apexlite: compiled apexlite's CPU kernels and O1 casts in " in first.stderr
+    assert re.search(r"^apexlite: compiling apexlite's CPU kernels and O1 casts: [1-7] of 8 steps done after \d+ s",
+                     first.stderr, re.M), first.stderr  # each source takes seconds: at least one step is said
     assert "failed" not in said.lower()
+    [build] = json.loads((tmp_path / "extensions" / "apexlite" / "build_times.json").read_text())
+    assert build["library"] == "cpu" and build["cpu_seconds"] > 5 and build["torch"] == torch.__version__
 
     again = _run([python, "-c", FIRST_STEP], cwd=tmp_path, env=env)  # a later process: cached, quiet
     assert "compil" not in again.stdout + again.stderr

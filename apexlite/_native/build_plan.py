@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Mapping, Optional, Tuple
 
+from . import build_time, cpu_share  # relative: setup.py loads this package on its own, without apexlite
+
 # -g0: no debug information. The interpreter's default CFLAGS carry -g, which more than doubles the
 # compile time of the torch-header-heavy sources (BENCHMARKS.md, "Building the kernels").
 # -fopenmp: at::parallel_for is header code that runs serially unless the library itself is built with
@@ -40,10 +42,6 @@ CUDA_ENV = "APEXLITE_CUDA"                  # "1": the install also compiles the
 REQUIRE_ENV = "APEXLITE_REQUIRE_EXTENSION"  # "1": a kernel the install meant to build and did not fails it
 DISABLE_ENV = "APEXLITE_DISABLE_EXTENSION"  # "1": at run time, use no compiled code at all
 DOCTOR_BUILD = "python -m apexlite doctor --build"
-
-# Compiler CPU time of each library, measured on the 2-vCPU reference machine with CXX_FLAGS
-# (BENCHMARKS.md, "Building the kernels"); divided by the parallel jobs for the "about N minutes" notice.
-CPU_SECONDS = {"cpu": 90.0, "cuda": 30.0}
 
 
 def truthy(value: Optional[str]) -> bool:
@@ -84,31 +82,7 @@ def parallel_jobs(environ: Mapping[str, str] = os.environ) -> int:
     value = environ.get("MAX_JOBS", "")
     if value.isdigit() and int(value) > 0:
         return int(value)
-    return usable_cores()
-
-
-def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def machine_load() -> float:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return 0.0
-
-
-def estimate_minutes(library: str, jobs: int, cores: Optional[int] = None, load: Optional[float] = None) -> int:
-    """Whole minutes (at least 1) a build of `library` ("cpu" or "cuda") takes with `jobs` parallel jobs on
-    `cores` cores already running `load` processes (the 1-minute load average): the jobs get their fair
-    share of the cores, at most one core each."""
-    cores = usable_cores() if cores is None else cores
-    load = machine_load() if load is None else load
-    share = min(float(jobs), cores * jobs / max(float(cores), load + jobs))
-    return max(1, round(CPU_SECONDS[library] / share / 60))
+    return cpu_share.usable_cores()
 
 
 @dataclass(frozen=True)
@@ -238,11 +212,20 @@ def install_plan(tools: Toolchain, environ: Mapping[str, str] = os.environ) -> I
     return InstallPlan(cpu, Decision(not obstacle, obstacle), require)
 
 
-def first_use_note(library: str, jobs: int) -> str:
-    """What happens to a library that is not compiled yet (the install's and doctor's wording)."""
+def first_use_note(library: str, jobs: int, tools: Optional[Toolchain] = None) -> str:
+    """What happens to a library that is not compiled yet (the install's and doctor's wording), with how long
+    compiling it should take here (`tools`: the toolchain it would use, to match this machine's past builds)."""
     where = "on the first FusedAdam step or O1 session" if library == "cpu" else "on the first FusedAdam step on a GPU"
-    return (f"compiled {where}, once per torch version (about {estimate_minutes(library, jobs)} min, cached), "
-            f"or now with `{DOCTOR_BUILD}`")
+    expected = build_time.estimate_here(library, jobs, tools.torch_version if tools else None,
+                                        compiler_key(tools, library) if tools else None)
+    return f"compiled {where}, once per torch version ({expected.about} here, cached), or now with `{DOCTOR_BUILD}`"
+
+
+def compiler_key(tools: Toolchain, library: str) -> Optional[str]:
+    """The compilers a build of `library` uses, as the build-time history tells builds apart."""
+    if "cuda" in library:
+        return f"{tools.cxx} + nvcc {tools.nvcc_version}"
+    return tools.cxx
 
 
 def first_error_line(log: str) -> str:

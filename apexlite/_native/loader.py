@@ -5,7 +5,8 @@ CPU library (FusedAdam's CPU kernel, the op schema, O1's native casts), the firs
 1. ``apexlite._C``, compiled at install against this torch (setup.py);
 2. a first-use build cached for this torch, interpreter and source (apexlite/_native/jit_build.py), loaded at once;
 3. a first-use build now, when the sources are here and this machine can compile them: one line on
-   stderr before ("compiling apexlite's ... (first use, about N min ...)...") and one after, with the time.
+   stderr before ("compiling apexlite's ... (first use, about N min: <why>)..."; build_time.py), the
+   steps done while it runs (build_progress.py), and one line after, with the time.
 
 A build that failed for this torch and source (at install, or at an earlier first use) is not repeated
 by itself: it is said once per process, with the compiler's first error, and ``python -m apexlite
@@ -23,7 +24,6 @@ import functools
 import importlib.machinery
 import importlib.util
 import os
-import time
 import types
 import warnings
 from pathlib import Path
@@ -32,7 +32,7 @@ from typing import Optional, Tuple
 import torch
 
 from apexlite._native import build_plan as plan
-from apexlite._native import jit_build
+from apexlite._native import build_progress, build_time, jit_build
 from apexlite._native import kernel_state as state
 from apexlite._native.kernel_state import ExtensionStatus, Finding
 from apexlite._logging import get_logger, is_rank_zero
@@ -58,23 +58,30 @@ def _say(level: int, message: str) -> None:
 
 
 def _build(found: Finding, kind: str) -> Tuple[bool, str]:
-    """Compiles `found`'s library with one line before and one after; (built, detail)."""
+    """Compiles `found`'s library, saying before how long it should take here, how far it is while it runs,
+    and how long it took after (which the next estimate on this machine uses); (built, detail)."""
     csrc = state.kernel_sources()
     sources = plan.cpu_sources(csrc) if kind == "cpu" else plan.cuda_sources(csrc)
-    title = jit_build.TITLES[kind]
-    jobs = plan.parallel_jobs()
-    _say(20, f"compiling apexlite's {title} for torch {torch.__version__} (first use, about "
-             f"{plan.estimate_minutes(kind, jobs)} min with {jobs} parallel jobs; cached in {found.library.folder})...")
-    started = time.monotonic()
+    title = f"apexlite's {jit_build.TITLES[kind]}"
+    tools, jobs, history = state.toolchain(), plan.parallel_jobs(), build_time.history_file()
+    machine, compiler = build_time.this_machine(jobs), plan.compiler_key(tools, kind)
+    expected = build_time.estimate(kind, machine, build_time.read_history(history), torch.__version__, compiler)
+    _say(20, f"compiling {title} for torch {torch.__version__} (first use, {expected.about}: {expected.why}; "
+             f"cached in {found.library.folder})...")
+    progress = build_progress.BuildProgress(found.library.folder, len(sources), f"compiling {title}", expected.about,
+                                            lambda line: _say(20, line))
+    clock = build_time.Stopwatch()
     try:
-        seconds = jit_build.build(found.library, sources, plan.include_dirs(csrc),
-                                   state.toolchain().cuda_home if kind == "cuda" else None)
+        with progress:
+            seconds = jit_build.build(found.library, sources, plan.include_dirs(csrc),
+                                      tools.cuda_home if kind == "cuda" else None)
     except jit_build.BuildFailed as error:
-        _say(30, f"compiling apexlite's {title} for torch {torch.__version__} failed after "
-                 f"{time.monotonic() - started:.0f} s: {error}. {FALLBACK}. Log: {found.library.log}; after fixing "
-                 f"the cause, `{plan.DOCTOR_BUILD}` retries.")
+        _say(30, f"compiling {title} for torch {torch.__version__} failed after {clock.wall():.0f} s: {error}. "
+                 f"{FALLBACK}. Log: {found.library.log}; after fixing the cause, `{plan.DOCTOR_BUILD}` retries.")
         return False, f"compiling them failed: {error} (log: {found.library.log})"
-    _say(20, f"compiled apexlite's {title} in {seconds:.0f} s; later runs load them at once")
+    if progress.complete():
+        build_time.remember(history, clock.finished(kind, machine, torch.__version__, compiler))
+    _say(20, f"compiled {title} in {seconds:.0f} s (estimated: {expected.about}); later runs load them at once")
     return True, f"compiled on first use, cached in {found.library.folder}"
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from apexlite._native import build_plan as plan
+from apexlite._native import build_time, cpu_share
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 
@@ -102,13 +103,19 @@ def test_first_error_line(log, expected):
     assert plan.first_error_line(log) == expected
 
 
-def test_parallel_jobs_and_estimate():
+def test_parallel_jobs():
     assert plan.parallel_jobs({"MAX_JOBS": "3"}) == 3
-    assert plan.parallel_jobs({}) == plan.usable_cores()
-    idle = plan.estimate_minutes("cpu", jobs=2, cores=2, load=0.0)
-    busy = plan.estimate_minutes("cpu", jobs=2, cores=2, load=10.0)
-    assert idle == round(plan.CPU_SECONDS["cpu"] / 2 / 60) and busy == round(plan.CPU_SECONDS["cpu"] / (4 / 12) / 60)
-    assert plan.estimate_minutes("cpu", jobs=1, cores=64, load=0.0) == round(plan.CPU_SECONDS["cpu"] / 60)
+    assert plan.parallel_jobs({}) == plan.parallel_jobs({"MAX_JOBS": "0"}) == cpu_share.usable_cores()
+
+
+def test_first_use_note_gives_this_machines_estimate(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    # 2 jobs on 2 cores beside 2 busy tasks: 1 core
+    monkeypatch.setattr(build_time, "this_machine", lambda jobs: cpu_share.Machine(2, jobs, beside=2.0))
+    build_time.remember(build_time.history_file(), build_time.PastBuild("cpu", 150.0, 80.0, "2.13.0+cpu",
+                                                                        "/usr/bin/c++", 2, 0.0, 2))
+    assert "once per torch version (about 2.5 min here, cached)" in plan.first_use_note("cpu", 2, tools())
+    assert "(about 2.5 min here, cached)" in plan.first_use_note("cpu", 2)  # no torch (build isolation): any past build
 
 
 def _toolkit(root: Path) -> Path:

@@ -7,6 +7,7 @@ and that a failure is remembered per torch and source.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import types
@@ -15,19 +16,30 @@ import pytest
 import torch
 
 from apexlite._native import build_plan as plan
-from apexlite._native import jit_build, loader
+from apexlite._native import build_time, jit_build, loader
 from apexlite._native import kernel_state as state
+from apexlite._native.cpu_share import Machine
 from apexlite.optimizers import _adam_step, _torch_fused
 from tests._native.test_build_plan import CUDA_121_NVCC_130, CUDA_130_NVCC_130, tools
 
 CPU_TITLE = jit_build.TITLES["cpu"]
 
 
+CACHED = [(loader, "_cpu_library"), (loader, "cuda_status"), (loader, "warn_fallback"),
+          (_adam_step, "_note_torch_path")]  # what a process finds once
+
+
 def _clear_caches() -> None:
     """Forgets what this process found (the functions a fixture replaced have no cache to clear)."""
-    for cached in (loader._cpu_library, loader.cuda_status, state.installed_module, state.toolchain,
-                   loader.warn_fallback, _adam_step._note_torch_path):
+    for cached in [getattr(*where) for where in CACHED] + [state.installed_module, state.toolchain]:
         getattr(cached, "cache_clear", lambda: None)()
+
+
+def _fresh_caches(monkeypatch) -> None:
+    """Empty copies of the process's caches for one test; the real ones, and what they found about this
+    machine, come back afterwards for the rest of the suite."""
+    for module, name in CACHED:
+        monkeypatch.setattr(module, name, functools.lru_cache(maxsize=None)(getattr(module, name).__wrapped__))
 
 
 class FakeCompiler:
@@ -40,6 +52,8 @@ class FakeCompiler:
     def __call__(self, library, sources, include_dirs, cuda_home):
         self.builds.append((library.kind, [s.name for s in sources], cuda_home))
         library.folder.mkdir(parents=True, exist_ok=True)
+        for source in sources:  # the objects ninja writes, one per source (the progress lines count them)
+            (library.folder / f"{source.stem}.o").write_bytes(b"")
         if self.error:
             library._write_outcome(state="failed", detail=self.error, seconds=3, log=str(library.log))
             raise jit_build.BuildFailed(self.error)
@@ -59,11 +73,11 @@ def machine(monkeypatch, tmp_path):
     loaded = types.SimpleNamespace(CastWrapper=object)
     monkeypatch.setattr(loader, "_load_python_module", lambda path: loaded)
     monkeypatch.setattr(state, "has_kernel", lambda key: key == "CPU")
+    monkeypatch.setattr(build_time, "this_machine", lambda jobs: Machine(2, 2))  # an idle 2-core machine
     compiler = FakeCompiler()
     monkeypatch.setattr(jit_build, "build", compiler)
-    _clear_caches()
-    yield compiler
-    _clear_caches()
+    _fresh_caches(monkeypatch)
+    return compiler
 
 
 def _messages(caplog):
@@ -78,9 +92,18 @@ def test_first_use_compiles_once_and_says_so_before_and_after(machine, caplog):
     assert machine.builds == [("cpu", [p.name for p in plan.cpu_sources(state.kernel_sources())], None)]
     (level1, before), (level2, after) = _messages(caplog)
     assert before.startswith(f"apexlite: compiling apexlite's {CPU_TITLE} for torch {torch.__version__} (first use, "
-                             "about ") and " min with " in before
-    assert after.startswith(f"apexlite: compiled apexlite's {CPU_TITLE} in 42 s")
+                             "about 60 s: 2 cores, 2 jobs, load 0.0; 120 CPU s, measured on the reference machine")
+    assert after.startswith(f"apexlite: compiled apexlite's {CPU_TITLE} in 42 s (estimated: about 60 s)")
     assert level1 == level2 == logging.INFO and "fail" not in (before + after).lower()
+
+
+def test_a_build_is_remembered_and_the_next_estimate_uses_it(machine, caplog, tmp_path):
+    loader.status()
+    [build] = build_time.read_history(tmp_path / "cache" / "apexlite" / "build_times.json")
+    assert (build.library, build.torch, build.compiler) == ("cpu", torch.__version__, tools().cxx)
+    assert (build.cores, build.jobs, build.load) == (2, 2, 0.0)
+    guess = build_time.estimate_here("cpu", 2, torch.__version__, tools().cxx)
+    assert guess.work == build.cpu_seconds and guess.basis == "the last build here with this compiler and torch"
 
 
 def test_a_later_process_loads_the_cached_build_quietly(machine, caplog):

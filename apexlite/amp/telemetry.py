@@ -33,6 +33,7 @@ from apexlite.amp.advice import find_known_traps
 from apexlite.amp.bounded_samples import DownsampledCurve, Reservoir
 from apexlite.amp.errors import AmpConfigError
 from apexlite.amp.tensor_memory import StepMemoryProbe, cuda_in_use, state_bytes_per_param
+from apexlite.sweep.gate import RoundGate
 
 log = get_logger("telemetry")
 
@@ -111,6 +112,7 @@ class RunStats:
         self.known_traps: Optional[List[str]] = None
         self.report_path: Optional[str] = None
         self._session: Any = None
+        self._gate = RoundGate.from_environment() if keep_samples else None  # a sweep's rounds pace the run
 
     @property
     def total_steps(self) -> int:
@@ -179,6 +181,9 @@ class RunStats:
             self._probe = None
         if self.report_path and time.perf_counter() - self._last_flush >= FLUSH_INTERVAL_S:
             self.flush()
+        if self._gate is not None:
+            self._gate.after_step(interval, step > self.warmup_steps and step != self.memory_probe_step,
+                                  step >= self.warmup_steps)
         self._last_step_end = time.perf_counter()  # the bookkeeping above is not part of any step
 
     def _find_known_traps(self) -> None:

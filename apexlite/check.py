@@ -16,9 +16,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from apexlite import api_status
 from apexlite.apex_uses import Row, scan, status_of
+from apexlite.help_text import HelpFormatter
 from apexlite.script_paths import Collection, collect, skipped_summary
 from apexlite.script_program import Program, load_program
 from apexlite.script_source import MAX_SOURCE_BYTES, NotPythonSource, ScriptSourceError
+from apexlite.switches import help_section
 from apexlite.wording import counted
 
 __all__ = ["main", "report", "scan", "status_of"]  # scan and status_of stay importable from here
@@ -31,13 +33,12 @@ EXIT_STATUSES = (
     (4, "the path is not a regular file or folder (device, FIFO, socket)"),
     (5, f"the file is larger than {MAX_SOURCE_BYTES} bytes"),
 )
-READS = ("PATH may be a script, a Jupyter notebook (its code cells, read as one program) or a folder (every\n"
+READS = ("PATH may be a script, a Jupyter notebook (its code cells, read as one program) or a folder (every "
          ".py and .ipynb under it, skipping hidden folders, environments, build and dist).")
 def _parser() -> argparse.ArgumentParser:
     epilog = "exit status:\n" + "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_STATUSES)
-    epilog += ("\n  with several files, the highest status of any of them\n\n" + READS)
-    parser = argparse.ArgumentParser(prog="python -m apexlite check", epilog=epilog,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+    epilog += ("\n  with several files, the highest status of any of them\n\n" + READS + "\n\n" + help_section("check"))
+    parser = argparse.ArgumentParser(prog="python -m apexlite check", epilog=epilog, formatter_class=HelpFormatter,
                                      description="List the apex APIs scripts use and their status in apexlite "
                                                  "(the scripts are read, not run).")
     parser.add_argument("paths", nargs="+", metavar="PATH", help="a script, a notebook, or a folder of them")

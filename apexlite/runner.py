@@ -21,7 +21,9 @@ from typing import Iterator, List, Optional
 from apexlite._logging import get_logger
 from apexlite.compat import hook
 from apexlite.compat.child_path import CHILD_PATH
+from apexlite.help_text import wrap
 from apexlite.script_main import MainNotFound, execute_main, load_main, search_path_entry
+from apexlite.switches import help_section
 
 log = get_logger("runner")
 
@@ -30,10 +32,8 @@ USAGE = """usage: python -m apexlite run SCRIPT [ARGS...]
 
 Runs a legacy apex script unchanged: `import apex` / `from apex import amp` / `import amp_C` resolve to
 apexlite, in the script and in every Python process it starts, and importlib.metadata reports an `apex`
-distribution (version 0.1+apexlite) so libraries that check for apex find it.
-Environment: APEXLITE_OPT_LEVEL=O0..O3 and APEXLITE_DTYPE=float16|bfloat16 override what the
-script passes to amp.initialize; APEXLITE_TELEMETRY=FILE writes the run's statistics as JSON at exit;
-APEXLITE_MAX_STEPS=N ends the run cleanly after N optimizer steps."""
+distribution (version 0.1+apexlite) so libraries that check for apex find it. The script sees what
+`python SCRIPT` shows it: sys.argv, an absolute __file__, sys.path[0], __spec__, its tracebacks."""
 
 
 def _user_frames(tb: Optional[TracebackType], origin: Optional[str]) -> Optional[TracebackType]:
@@ -163,14 +163,19 @@ def run_module(name: str, args: List[str]) -> int:
     return 0
 
 
+def usage() -> str:
+    """run's help: USAGE and the environment switches it reads, wrapped to the terminal."""
+    return wrap(USAGE + "\n\n" + help_section("run"))
+
+
 def main(argv: List[str]) -> int:
     """Entry point of `python -m apexlite run`."""
     if not argv or argv[0] in ("-h", "--help"):
-        sys.stdout.write(USAGE + "\n")
+        sys.stdout.write(usage() + "\n")
         return 0 if argv else 2
     if argv[0] == "-m":
         if len(argv) < 2:
-            sys.stderr.write("apexlite run: -m needs a module name\n" + USAGE + "\n")
+            sys.stderr.write("apexlite run: -m needs a module name\n" + usage() + "\n")
             return 2
         return run_module(argv[1], argv[2:])
     return run_script(argv[0], argv[1:])

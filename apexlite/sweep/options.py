@@ -8,6 +8,8 @@ from typing import List, Optional, Tuple
 from apexlite.amp.environment import DTYPE_NAMES
 from apexlite.amp.opt_levels import OPT_LEVELS
 from apexlite.amp.telemetry import DEFAULT_WARMUP_STEPS, MAX_STEPS_ENV
+from apexlite.help_text import HelpFormatter
+from apexlite.switches import help_section
 
 PROG = "python -m apexlite sweep"
 # accepted spelling -> canonical dtype name (the names APEXLITE_DTYPE accepts)
@@ -42,11 +44,15 @@ order) that no other run beat measurably (its whole interval above 1, the ratio 
 
 EPILOG = f"""\
 arguments after `--` go to the script unchanged:
-  {PROG} train.py --max-steps 20 -- --epochs 90 --batch-size 64
-  {PROG} train.py --opt-levels O0,O2 --dtypes fp16,bf16 --repeats 3 --json runs.json --plot loss.png
+  {PROG} train.py --max-steps 20 -- --epochs 90
+  {PROG} train.py --opt-levels O0,O2 --dtypes fp16,bf16 --json runs.json
 
 --max-steps sets {MAX_STEPS_ENV}=N in each run; the same variable works for a single run:
-  {MAX_STEPS_ENV}=20 python -m apexlite run train.py"""
+  {MAX_STEPS_ENV}=20 python -m apexlite run train.py
+
+All runs are alive at once (paused while another runs): on a GPU they share its memory.
+
+{help_section("sweep")}"""
 
 
 def _whole_number(minimum: int):
@@ -108,7 +114,7 @@ def _output_path(suffixes: Optional[Tuple[str, ...]]):
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, usage="%(prog)s SCRIPT [options] [-- SCRIPT_ARGS ...]",
                                      description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("script", help="the training script (run unchanged, as `python -m apexlite run SCRIPT`)")
     parser.add_argument("--opt-levels", default=list(OPT_LEVELS), type=_opt_levels, metavar="LIST",
                         help="comma-separated opt levels from O0,O1,O2,O3 (default: O0,O1,O2,O3); O0 is the "

@@ -9,6 +9,9 @@ Environment (read when `amp.initialize` creates the session):
                             (unless the script handles SIGTERM itself), so a killed run still reports.
   APEXLITE_WARMUP_STEPS=K   steps left out of the step-time statistics (default 3).
 
+A run that `python -m apexlite sweep` started also pauses between steps when the sweep asks
+(apexlite.sweep.gate), so the sweep can time the runs round by round.
+
 Every sample is kept in bounded memory (a reservoir of step times, a downsampled loss curve), and
 losses stay device tensors until a report is written, so recording never syncs.
 """

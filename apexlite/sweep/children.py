@@ -1,7 +1,8 @@
 """The sweep's side of one combination's run: a `python -m apexlite run` process it paces through a gate.
 
-The process starts at once with the others and pauses after its warm-up (apexlite.sweep.gate); the sweep
-then asks it for slices of timed steps, one child at a time, and finally lets it run on to its end. Its
+The process starts and pauses after its warm-up (apexlite.sweep.gate), and stays paused while the others
+start; the sweep then asks it for slices of timed steps, one child at a time, and finally lets it run on
+to its end. Its
 time limit counts only the time it was running (start-up, its slices, the run to its end), never the
 time it sat paused while the others ran. Like apexlite.child_process: its own session, output to files,
 the whole group ended afterwards, and a killed run keeps the telemetry it wrote on SIGTERM.
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from apexlite.child_process import FAILED, OK, TIMEOUT, end_process_group, exception_line
@@ -27,12 +29,13 @@ POLL_S = 0.2  # how often a wait looks whether the child ended without reporting
 # the pipe open, so its end is not always seen on the pipe)
 
 
+@dataclass
 class Slice:
     """One slice's timed steps: each step's time and how long the run's threads waited for a CPU during
     it (seconds; None where the platform does not say)."""
 
-    def __init__(self, wall: List[float], waited: List[Optional[float]]) -> None:
-        self.wall, self.waited = wall, waited
+    wall: List[float]
+    waited: List[Optional[float]]
 
 
 class PacedChild:

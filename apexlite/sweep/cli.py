@@ -26,7 +26,7 @@ def _measure(args: Any, pairs: List[Pair]) -> Tuple[Dict[Pair, List[Dict[str, An
                             args.budget / args.repeats, args.precision)
     for repeat in range(args.repeats):
         order = pairs if repeat % 2 == 0 else pairs[::-1]
-        print(f"[{repeat + 1}/{args.repeats}] starting {len(order)} runs together: "
+        print(f"[{repeat + 1}/{args.repeats}] starting {len(order)} runs, each paused after its warm-up: "
               + ", ".join(f"{level} {dtype}" for level, dtype in order), flush=True)
         finished, times = time_in_rounds(order, options, _progress)
         for pair in pairs:

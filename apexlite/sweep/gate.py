@@ -8,20 +8,31 @@ CPU. The protocol is one line each way over two pipes the sweep passes down:
   child -> sweep   {"wall": [s, ...], "waited": [s, ...]}  per step of the slice ([] when just warmed up):
                                                            its time, and how long its threads waited for
                                                            a CPU (None where Linux's schedstat is missing)
-  sweep -> child   N                                     run N timed steps, then report again
+  sweep -> child   N                                     run one untimed step (it wakes threads and caches
+                                                           after the pause), then N timed steps, and report
                    0                                     run on without pausing (the rounds are over)
 
-A step that waited for a CPU was measured on a machine busy with other work; the sweep leaves such
-steps out (apexlite.sweep.rounds). Only the process the sweep started takes part: the variable names the sweep's pid, and a process whose
-parent is another one (a DataLoader worker, a script's own subprocess) ignores it.
+Before it pauses, a run waits for the GPU work it queued, so slices never share the GPU. A step that
+waited for a CPU was measured on a machine busy with other work; the sweep leaves such steps out
+(apexlite.sweep.rounds). Only the process the sweep started takes part: the variable names the sweep's
+pid, and a process whose parent is another one (a DataLoader worker, a script's own subprocess) ignores
+it.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import List, Optional
 
 GATE_ENV = "APEXLITE_SWEEP_GATE"  # "<sweep pid>:<fd to read commands>:<fd to write reports>"
+
+
+def _finish_device_work() -> None:
+    """Wait for the CUDA work this process queued, when it uses CUDA (torch is not imported for this)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 class RunQueueWait:
@@ -72,6 +83,7 @@ class RoundGate:
         self._open = True
         self._waiting_for_warmup = True
         self._left = 0
+        self._rewarm = False
         self._wall: List[float] = []
         self._waited: List[Optional[float]] = []
         self._run_queue = RunQueueWait()
@@ -102,6 +114,8 @@ class RoundGate:
             if warmed_up:
                 self._waiting_for_warmup = False
                 self._report_and_wait()
+        elif timed and self._rewarm:
+            self._rewarm = False  # the first step after a pause woke threads and caches: not timed
         elif timed:
             self._wall.append(wall_s)
             self._waited.append(None if waited is None or self._wait_mark is None
@@ -112,6 +126,7 @@ class RoundGate:
         self._wait_mark = self._run_queue.total()
 
     def _report_and_wait(self) -> None:
+        _finish_device_work()  # the next run's slice must not share the GPU with this one's queued kernels
         try:
             self._reports.write(json.dumps({"wall": self._wall, "waited": self._waited}) + "\n")
             command = self._commands.readline()
@@ -125,6 +140,7 @@ class RoundGate:
         if self._left <= 0:
             self.close()
         else:
+            self._rewarm = True
             self._run_queue.refresh()
 
     def close(self) -> None:

@@ -1,10 +1,13 @@
-"""Timing every combination round by round: all runs start together, paused after warm-up, and take
-turns at slices of steps until every speed ratio is precise enough or the time budget is spent.
+"""Timing every combination round by round: the runs start one after another and each pauses after its
+warm-up; then they take turns at slices of steps until every speed ratio is precise enough or the time
+budget is spent.
 
 Rounds alternate their order (forward, backward, ...), so no combination always runs right after the same
-one. A slice lasts about SLICE_S (at least one step); with --max-steps the slices are cut so the runs
-still have steps left for TARGET_ROUNDS rounds. After the rounds each run goes on to its end, one at a
-time, so its final loss and memory are those of the whole run.
+one. A slice lasts about SLICE_S (at least one timed step, after one untimed step that wakes the run's
+threads and caches again after its pause); with --max-steps the slices are cut so the runs
+still have steps left for TARGET_ROUNDS rounds. A round's time for a run is the median of its slice's
+steps that did not wait for a CPU (a slice where fewer than a quarter did is no measurement). After the
+rounds each run goes on to its end, one at a time, so its final loss and memory are those of the whole run.
 """
 from __future__ import annotations
 
@@ -22,8 +25,7 @@ SLICE_S = 0.1  # a slice's target length: long enough to hold several short step
 MAX_SLICE_STEPS = 200
 TARGET_ROUNDS = 12  # with --max-steps, slices are kept short enough for this many rounds
 MAX_ROUNDS = 400
-
-
+REWARM_STEPS = 1  # the gate runs this many untimed steps after every pause (apexlite.sweep.gate)
 WAIT_SHARE = 0.05  # a step whose threads waited for a CPU longer than this share of its time is left out
 CALM_SHARE_NEEDED = 4  # a slice counts when at least 1 in this many of its steps did not wait
 
@@ -69,6 +71,8 @@ class RoundTimes:
 
 @dataclass
 class RoundsOptions:
+    """What every run of one sweep shares: the script, its limits, and when the rounds stop."""
+
     script: str
     script_args: List[str]
     timeout: float
@@ -79,11 +83,12 @@ class RoundsOptions:
 
 
 def _slice_steps(times: List[Optional[float]], steps_left: Optional[int], rounds_done: int) -> int:
-    """Steps for the next slice: about SLICE_S of stepping, within what --max-steps leaves."""
+    """Timed steps for the next slice: about SLICE_S of stepping, within what --max-steps leaves (each slice
+    also spends REWARM_STEPS untimed)."""
     recent = [value for value in times[-3:] if value]
     steps = max(1, min(MAX_SLICE_STEPS, int(SLICE_S / statistics.median(recent)))) if recent else 1
     if steps_left is not None:
-        steps = max(1, min(steps, steps_left // max(TARGET_ROUNDS - rounds_done, 1)))
+        steps = max(1, min(steps, steps_left // max(TARGET_ROUNDS - rounds_done, 1) - REWARM_STEPS))
     return steps
 
 
@@ -94,11 +99,12 @@ def _precise(times: RoundTimes, pairs: List[Pair], precision: float) -> bool:
 def time_in_rounds(pairs: List[Pair], options: RoundsOptions,
                    progress: Callable[[str], None]) -> Tuple[Dict[Pair, dict], RoundTimes]:
     """Run every combination, timed in rounds; returns each one's record and the per-round step times."""
-    children = {pair: PacedChild(options.script, options.script_args, pair[0], pair[1], options.timeout,
-                                 options.max_steps, options.warmup) for pair in pairs}
+    children: Dict[Pair, PacedChild] = {}
     times = RoundTimes.empty(pairs)
     try:
-        for pair, child in children.items():
+        for pair in pairs:  # one start-up at a time: start-ups competing would eat each other's time limit
+            child = children[pair] = PacedChild(options.script, options.script_args, pair[0], pair[1],
+                                                options.timeout, options.max_steps, options.warmup)
             warm = child.wait_until_warm()
             progress(f"{pair[0]} {pair[1]}: " + ("warmed up" if warm else f"ended before its warm-up was over "
                                                                             f"({child.status})"))
@@ -120,7 +126,7 @@ def _run_rounds(children: Dict[Pair, PacedChild], times: RoundTimes, options: Ro
     while True:
         active = [pair for pair, child in children.items() if child.paced and not child.finished]
         if len(active) < 2:
-            times.stopped = "fewer than two runs were left to compare"
+            times.stopped = "fewer than two runs were left to time (the others had ended: --max-steps, or an error)"
             return
         if times.rounds >= MIN_ROUNDS and _precise(times, active, options.precision):
             times.stopped = f"every speed ratio was within +-{options.precision:.0%} (95% interval)"
@@ -137,7 +143,7 @@ def _run_rounds(children: Dict[Pair, PacedChild], times: RoundTimes, options: Ro
             left = None if options.max_steps is None else options.max_steps - used[pair]
             measured = child.run_slice(_slice_steps(times.wall[pair], left, times.rounds)) \
                 if pair in active else None
-            used[pair] += len(measured.wall) if measured is not None else 0
+            used[pair] += REWARM_STEPS + (len(measured.wall) if measured is not None else 0)
             times.add(pair, measured)
         times.rounds += 1
         if times.rounds in (MIN_ROUNDS, 2 * MIN_ROUNDS) or times.rounds % 25 == 0:

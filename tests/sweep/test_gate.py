@@ -27,12 +27,13 @@ def pipes():
     reader.close()
 
 
-def test_pauses_after_warmup_then_reports_each_slice(pipes):
+def test_pauses_after_warmup_then_reports_each_slice_after_an_untimed_wake_up_step(pipes):
     gate, command, reports = pipes
     gate.after_step(0.5, timed=False, warmed_up=False)  # still warming up: no pause, nothing reported
     command("2")
     gate.after_step(0.4, timed=False, warmed_up=True)  # warm: reports an empty slice, reads "2"
     assert json.loads(reports.readline()) == {"wall": [], "waited": []}
+    gate.after_step(0.9, timed=True, warmed_up=True)  # the first step after a pause wakes up: not timed
     gate.after_step(0.01, timed=True, warmed_up=True)
     command("0")
     gate.after_step(0.02, timed=True, warmed_up=True)  # the slice is full: reported, then "0" lets go
@@ -51,6 +52,7 @@ def test_steps_left_out_of_timing_do_not_fill_a_slice(pipes):
     reports.readline()
     command("0")
     gate.after_step(0.9, timed=False, warmed_up=True)  # e.g. the memory-probe step
+    gate.after_step(0.5, timed=True, warmed_up=True)  # waking up after the pause
     gate.after_step(0.01, timed=True, warmed_up=True)
     assert json.loads(reports.readline())["wall"] == [0.01]
 

@@ -45,8 +45,9 @@ def test_a_missing_slice_is_a_gap_in_the_rounds():
     ([0.01], None, 1, 10),  # about SLICE_S (0.1 s) of 10 ms steps
     ([1e-5], None, 1, rounds.MAX_SLICE_STEPS),
     ([2.0], None, 1, 1),  # a step longer than a slice: one
-    ([0.001], 120, 0, 10),  # --max-steps: leave steps for TARGET_ROUNDS (12) rounds
-    ([0.001], 5, 11, 5),
+    ([0.001], 120, 0, 9),  # --max-steps: leave steps for TARGET_ROUNDS (12) rounds, one untimed step each
+    ([0.001], 17, 0, 1),  # --max-steps 20 after 3 warm-up steps: 8 rounds of 1 + 1 steps
+    ([0.001], 5, 11, 4),
     ([0.001], 0, 20, 1),
 ])
 def test_slice_length(recent, steps_left, rounds_done, expected):

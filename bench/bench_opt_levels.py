@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import logging
 import copy
+import os
 import platform
 import statistics
 from datetime import date
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -166,11 +167,15 @@ def _versus(times: List[float], reference: List[float]) -> str:
     return speed_ratio(times, reference).text()
 
 
-def render(results: Dict[str, Dict[str, Any]], rounds: int) -> str:
+def render(results: Dict[str, Dict[str, Any]], rounds: int, loads: Tuple[float, float]) -> str:
+    threads = os.environ.get("OMP_NUM_THREADS")
+    command = ("" if threads is None else f"OMP_NUM_THREADS={threads} ") + \
+        f"python -m bench.bench_opt_levels --rounds {rounds}"
     lines = [
         "## O0-O3 on a tiny transformer (CPU)", "",
         f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
-        f"date {date.today().isoformat()}; command `python -m bench.bench_opt_levels --rounds {rounds}`. "
+        f"load average {loads[0]:.1f} at the start and {loads[1]:.1f} at the end; "
+        f"date {date.today().isoformat()}; command `{command}`. "
         f"Model: {LAYERS}-layer transformer encoder, d_model {D_MODEL}, seq {SEQ}, batch {BATCH}, Adam "
         "(torch.optim.Adam; apexlite FusedAdam in L2 mode for the O2+FusedAdam rows).",
         "",
@@ -206,7 +211,9 @@ def main() -> None:
     parser.add_argument("--write", metavar="FILE")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    text = render(run(args.rounds, args.steps), args.rounds)
+    start_load = os.getloadavg()[0]
+    results = run(args.rounds, args.steps)
+    text = render(results, args.rounds, (start_load, os.getloadavg()[0]))
     log.info("%s", text)
     if args.write:
         replace_block(args.write, "opt-levels", text)

@@ -10,8 +10,8 @@ Each trap here is reproduced by tests/amp/test_advice.py, which trains into it:
 
 One slow path is named too, once per process: float16 on CPU. torch has few fast float16 CPU kernels,
 so O1-O3 in float16 on a CPU model can run several times slower per step than fp32, O1's float16
-matmuls as much as O2/O3's float16 weights (BENCHMARKS.md's sweep of examples/long_training_amp.py:
-about 10x fp32 at every float16 level, 1.7-1.9x in bfloat16).
+matmuls as much as O2/O3's float16 weights (BENCHMARKS.md, "O0-O3 on a tiny transformer (CPU)": every
+float16 level 4-9x the step time of fp32 (95% intervals), bfloat16 1.0-2.5x).
 """
 from __future__ import annotations
 

@@ -25,14 +25,15 @@ recommend one. The script stays unchanged: APEXLITE_OPT_LEVEL / APEXLITE_DTYPE o
 amp.initialize, and apexlite measures each run itself (steps, step time, tensor memory, losses seen by
 amp.scale_loss, skipped steps, loss scale).
 
-Speed is timed in rounds: every run starts and pauses after its warm-up; then, round after round,
-each runs a short slice of steps while the others wait, so every pair is compared on the same machine
-moments apart. Steps timed inside the run count; start-up and the first step after each pause do not, nor
-does a step whose threads waited for a CPU (another process was running). Rounds go on until every speed ratio's 95% interval is within
---precision of it, or --budget seconds are spent. A ratio is printed with its interval (the median of the
-per-round ratios and a sign-test interval, which holds whatever the shape of the noise); "no measurable
-difference" when the interval holds 1. When the timings say nothing (too few rounds, most steps waited),
-the sweep says speed could not be measured and ranks by what was: status, final loss, memory.
+Speed is timed in rounds: every run starts and pauses after its warm-up; then, round after round, each
+runs a short slice of steps while the others wait, so every pair is compared on the same machine moments
+apart. Steps timed inside the run count; start-up and the first step after each pause do not, nor does a
+step whose threads waited for a CPU (another process was running). Rounds go on until every speed ratio's
+95% interval is within --precision of it, or --budget seconds are spent. A ratio is printed with its
+interval (the median of the per-round ratios and a sign-test interval, which holds whatever the shape of
+the noise); "no measurable difference" when the interval holds 1. When the timings say nothing (too few
+rounds, most steps waited), the sweep says speed could not be measured and ranks by what was: status,
+final loss, memory.
 
 Statuses: ok; diverged (a non-finite loss after the first 3 steps, or a final loss above 2x the
 baseline's); failed (non-zero exit; the exception line is shown); timeout (killed with its child

@@ -75,8 +75,9 @@ def _decide(specs, tolerance=0.05, **speed):
 RECOMMENDATIONS = [
     ("measurably fastest within tolerance",
      [("O0", "float32", "ok", 20.0, 1.00), ("O1", "float16", "ok", 12.0, 1.01), ("O2", "float16", "ok", 8.0, 1.04)],
-     {}, ("O2", "float16"), [r"O2 float16: (7\.9\d|8\.0\d?) ms/step, 2\.\d\dx \[2\.\d\d, 2\.\d\d\] the speed of O0 float32 \(faster\)",
-                              r"\+4\.0%"]),
+     {}, ("O2", "float16"),
+     [r"O2 float16: (7\.9\d|8\.0\d?) ms/step, 2\.\d\dx \[2\.\d\d, 2\.\d\d\] the speed of O0 float32 \(faster\)",
+      r"\+4\.0%"]),
     ("too lossy is passed over",
      [("O0", "float32", "ok", 20.0, 1.00), ("O1", "float16", "ok", 12.0, 1.01), ("O2", "float16", "ok", 8.0, 1.30)],
      {}, ("O1", "float16"), [r"O1 float16: 1[12]\.\d ms/step, 1\.6\dx \[1\.\d\d, 1\.\d\d\] the speed of O0 float32"]),

@@ -69,11 +69,11 @@ class SpeedRatio:
                 and max(self.high - self.estimate, self.estimate - self.low) <= precision * self.estimate)
 
     def text(self) -> str:
-        """`2.31x [2.10, 2.52]`, or why there is no ratio."""
+        """`2.31x [2.10, 2.52]`, or why there is no interval (then no ratio is shown either)."""
         if self.estimate is None:
             return "not measured (no round timed both)"
-        if self.low is None:
-            return f"{self.estimate:.2f}x, not measured ({self.rounds} rounds; {MIN_ROUNDS} give an interval)"
+        if self.low is None:  # an estimate is never printed without its interval
+            return f"not measured ({self.rounds} rounds; {MIN_ROUNDS} give an interval)"
         return f"{self.estimate:.2f}x [{self.low:.2f}, {self.high:.2f}]"
 
 

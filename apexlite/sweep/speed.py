@@ -62,8 +62,11 @@ class SpeedTable:
         width = max(len(_label(pair)) for pair in others)
         lines = [header]
         for pair, ratio in ratios.items():
-            lines.append(f"  {_label(pair):{width}}  {ratio.text():24}  {ratio.verdict}"
-                         + ("" if ratio.measured or ratio.low is None else " (interval too wide)"))
+            if ratio.low is None:
+                lines.append(f"  {_label(pair):{width}}  {ratio.text()}")
+            else:
+                lines.append(f"  {_label(pair):{width}}  {ratio.text():24}  {ratio.verdict}"
+                             + ("" if ratio.measured else " (interval too wide)"))
         return lines
 
     def notes(self, pairs: List[Pair]) -> List[str]:

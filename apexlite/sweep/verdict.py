@@ -138,7 +138,8 @@ def _by_speed(candidates: List[Dict[str, Any]], baseline: Dict[str, Any], speed:
     reason = f"{label(choice)}: " + (f"{step:.3g} ms/step" if step is not None else "step time not measured")
     if choice is not baseline:
         ratio = speed.ratio(_pair(baseline), _pair(choice))
-        reason += f", {ratio.text()} the speed of {label(baseline)} ({ratio.verdict})"
+        reason += (f"; its speed relative to {label(baseline)}: {ratio.text()}" if ratio.low is None else
+                   f", {ratio.text()} the speed of {label(baseline)} ({ratio.verdict})")
     others = [label(row) for row in unbeaten if row is not choice]
     if others:
         reason += (f"; {', '.join(others)} not measurably faster (95% interval, and by at least "

@@ -49,3 +49,12 @@ def test_summary_is_what_the_json_keeps():
     assert summary["baseline"] == "O0 float32" and summary["rounds"] == 8
     assert summary["ratios"] == [{"opt_level": "O1", "dtype": "float16", "estimate": 0.5, "low": 0.5, "high": 0.5,
                                   "rounds": 8, "verdict": "slower"}]
+
+
+def test_a_pair_without_an_interval_shows_no_ratio():
+    table = _table({O0: [1.0e-3] * 8, O1: [2.0e-3] * 8, O2: [1.0e-3, None, None, None, 1.0e-3, None, None, None]})
+    lines = table.report_lines(O0, [O0, O1, O2])
+    assert lines[2] == "  O2 float16  not measured (2 rounds; 6 give an interval)"
+    wide = _table({O0: [1.0e-3] * 8, O1: [2.0e-3] * 8, O2: [1.0e-3, 3.0e-3] * 4})
+    assert wide.report_lines(O0, [O0, O1, O2])[2] == (
+        "  O2 float16  0.67x [0.33, 1.00]        not measured (interval too wide)")

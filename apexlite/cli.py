@@ -15,15 +15,20 @@ COMMANDS = {
     "migrate": ("apexlite.migrate.cli",
                 "rewrite a legacy apex.amp script into native torch.amp (needs apexlite[migrate])"),
 }
-WAYS_IN = ("`import apex` resolves to apexlite: for one script with `run`, for the whole environment with\n"
-           "`alias install`, or from inside a process (a notebook's first cell, a script a launcher starts)\n"
+WAYS_IN = ("`import apex` resolves to apexlite: for one script with `run`, for the whole environment with "
+           "`alias install`, or from inside a process (a notebook's first cell, a script a launcher starts) "
            "with `import apexlite; apexlite.install()`.")
 
 
 def _usage() -> str:
+    from apexlite.help_text import wrap
+    from apexlite.switches import INTERNAL, SWITCHES
+
     lines = ["usage: python -m apexlite COMMAND [ARGS...] | --version", "", "commands:"]
     lines += [f"  {name:8} {help_}" for name, (_, help_) in COMMANDS.items()]
-    return "\n".join(lines + ["", WAYS_IN])
+    names = ", ".join(switch.name for switch in SWITCHES if switch.name not in INTERNAL)
+    switches = f"environment switches: {names} (`COMMAND --help` lists those each command reads)"
+    return wrap("\n".join(lines + ["", WAYS_IN, "", switches]))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

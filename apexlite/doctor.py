@@ -22,7 +22,9 @@ import torch
 from apexlite._native import build_plan as plan
 from apexlite._native import jit_build, loader
 from apexlite._native import kernel_state as state
+from apexlite.help_text import HelpFormatter
 from apexlite.optimizers import _torch_fused
+from apexlite.switches import help_section
 
 Rows = List[Tuple[str, str]]
 
@@ -196,7 +198,8 @@ def build() -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Prints the report; exit status 0 (it is informational), or 1 when --build could not compile."""
-    parser = argparse.ArgumentParser(prog="python -m apexlite doctor", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m apexlite doctor", description=__doc__.splitlines()[0],
+                                     epilog=help_section("doctor"), formatter_class=HelpFormatter)
     parser.add_argument("--build", action="store_true",
                         help="compile the kernels that are missing and can be compiled here (takes minutes)")
     args = parser.parse_args(argv or [])

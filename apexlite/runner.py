@@ -1,10 +1,11 @@
 """`python -m apexlite run SCRIPT [ARGS...]` / `run -m MODULE [ARGS...]`: a legacy apex script, unchanged.
 
 The script runs in this process exactly as `python SCRIPT ARGS...` would run it (`__name__` is
-"__main__", `sys.argv` is [SCRIPT, *ARGS], the script's directory is `sys.path[0]`, its exit code
-and traceback are the process's), with the apex import hook installed first so `import apex` and
-`import amp_C` resolve to apexlite.compat. APEXLITE_OPT_LEVEL / APEXLITE_DTYPE in the environment
-are honoured by `amp.initialize`, so the opt level or dtype can change without editing the script.
+"__main__", `sys.argv` is [SCRIPT, *ARGS], an absolute `__file__`, `sys.path[0]`, `__spec__` and
+tracebacks as the interpreter sets them: apexlite.script_main; its exit code is the process's), with the
+apex import hook installed first so `import apex` and `import amp_C` resolve to apexlite.compat.
+APEXLITE_OPT_LEVEL / APEXLITE_DTYPE in the environment are honoured by `amp.initialize`, so the opt level
+or dtype can change without editing the script.
 When `main()` returns (or raises), `sys.argv`, `sys.path` and `PYTHONPATH` are as it found them and
 the hook is off `sys.meta_path` again, so a run can be embedded in another Python program.
 """
@@ -20,6 +21,9 @@ from typing import Iterator, List, Optional
 from apexlite._logging import get_logger
 from apexlite.compat import hook
 from apexlite.compat.child_path import CHILD_PATH
+from apexlite.help_text import wrap
+from apexlite.script_main import MainNotFound, execute_main, load_main, search_path_entry
+from apexlite.switches import help_section
 
 log = get_logger("runner")
 
@@ -28,10 +32,8 @@ USAGE = """usage: python -m apexlite run SCRIPT [ARGS...]
 
 Runs a legacy apex script unchanged: `import apex` / `from apex import amp` / `import amp_C` resolve to
 apexlite, in the script and in every Python process it starts, and importlib.metadata reports an `apex`
-distribution (version 0.1+apexlite) so libraries that check for apex find it.
-Environment: APEXLITE_OPT_LEVEL=O0..O3 and APEXLITE_DTYPE=float16|bfloat16 override what the
-script passes to amp.initialize; APEXLITE_TELEMETRY=FILE writes the run's statistics as JSON at exit;
-APEXLITE_MAX_STEPS=N ends the run cleanly after N optimizer steps."""
+distribution (version 0.1+apexlite) so libraries that check for apex find it. The script sees what
+`python SCRIPT` shows it: sys.argv, an absolute __file__, sys.path[0], __spec__, its tracebacks."""
 
 
 def _user_frames(tb: Optional[TracebackType], origin: Optional[str]) -> Optional[TracebackType]:
@@ -114,17 +116,31 @@ def _legacy_environment(argv: List[str], path0: str) -> Iterator[None]:
 
 
 def run_script(path: str, args: List[str]) -> int:
-    """Run the file at `path` as __main__ with the hook installed; returns the exit status."""
+    """Run the file, folder or zip archive at `path` as __main__ with the hook installed, as `python PATH`
+    runs it (apexlite.script_main); returns the exit status."""
     if not os.path.exists(path):
-        sys.stderr.write(f"apexlite run: can't open file {path!r}: [Errno 2] No such file or directory\n")
+        sys.stderr.write(f"apexlite run: can't open file {os.path.abspath(path)!r}: [Errno 2] No such file or "
+                         "directory\n")
         return 2
-    with _legacy_environment([path, *args], os.path.dirname(os.path.abspath(path))):
+    with _legacy_environment([path, *args], search_path_entry(path)):
         try:
-            runpy.run_path(path, run_name="__main__")
+            namespace, code = load_main(path)
+        except SyntaxError as error:  # Python shows where, without a traceback
+            sys.excepthook(type(error), error.with_traceback(None), None)
+            return 1
+        except MainNotFound as error:
+            sys.stderr.write(f"apexlite run: {error}\n")
+            return 1
+        except OSError as error:
+            sys.stderr.write(f"apexlite run: can't open file {os.path.abspath(path)!r}: [Errno {error.errno}] "
+                             f"{error.strerror}\n")
+            return 2
+        try:
+            execute_main(namespace, code)
         except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as error:  # noqa: B902 -- every other error ends the run as in `python SCRIPT`
-            return _report_exception(error, path)
+            return _report_exception(error, namespace["__file__"])
     return 0
 
 
@@ -147,14 +163,19 @@ def run_module(name: str, args: List[str]) -> int:
     return 0
 
 
+def usage() -> str:
+    """run's help: USAGE and the environment switches it reads, wrapped to the terminal."""
+    return wrap(USAGE + "\n\n" + help_section("run"))
+
+
 def main(argv: List[str]) -> int:
     """Entry point of `python -m apexlite run`."""
     if not argv or argv[0] in ("-h", "--help"):
-        sys.stdout.write(USAGE + "\n")
+        sys.stdout.write(usage() + "\n")
         return 0 if argv else 2
     if argv[0] == "-m":
         if len(argv) < 2:
-            sys.stderr.write("apexlite run: -m needs a module name\n" + USAGE + "\n")
+            sys.stderr.write("apexlite run: -m needs a module name\n" + usage() + "\n")
             return 2
         return run_module(argv[1], argv[2:])
     return run_script(argv[0], argv[1:])

@@ -7,10 +7,15 @@ Each trap here is reproduced by tests/amp/test_advice.py, which trains into it:
   where v underflows too the update is 0/0 and the weights turn NaN within a step or two.
   Fixes: O2 (fp32 masters, the optimizer works in fp32), eps >= 1e-4, or dtype=torch.bfloat16
   (fp32's exponent range).
+
+One slow path is named too, once per process: float16 on CPU. torch has few fast float16 CPU kernels,
+so O1-O3 in float16 on a CPU model can run several times slower per step than fp32, O1's float16
+matmuls as much as O2/O3's float16 weights (BENCHMARKS.md, "O0-O3 on a tiny transformer (CPU)": every
+float16 level 4-9x the step time of fp32 (95% intervals), bfloat16 1.0-2.5x).
 """
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 
@@ -62,10 +67,44 @@ def find_known_traps(properties: Any, optimizers: Sequence[Any], low_dtype: torc
     return messages
 
 
-def warn_known_traps(properties: Any, optimizers: Sequence[Any], low_dtype: torch.dtype) -> List[str]:
-    """Log a warning (rank 0) for each known trap of this configuration; returns the messages."""
+class SlowCpuHalf:
+    """Says once per process that float16 on CPU is slow, and what runs faster there."""
+
+    said = False
+
+    @staticmethod
+    def message(properties: Any, models: Sequence[Any], low_dtype: torch.dtype) -> Optional[str]:
+        """The advice when this configuration computes in float16 on a CPU model, else None."""
+        half_weights = getattr(properties, "cast_model_type", None) is torch.float16
+        if low_dtype is not torch.float16 or not (half_weights or getattr(properties, "patch_torch_functions", False)):
+            return None
+        if not any(param.device.type == "cpu" for model in models for param in model.parameters()):
+            return None
+        level = getattr(properties, "opt_level", "this opt level")
+        what = "keeps float16 weights" if half_weights else "runs matmuls and convolutions in float16"
+        return (f"{level} {what} on CPU, where torch has few fast float16 kernels: a step can run several "
+                "times slower than in fp32, at O1 as at O2/O3. On CPU use dtype=torch.bfloat16 (or "
+                "APEXLITE_DTYPE=bfloat16), usually much faster there, or opt_level='O0' (fp32). "
+                "(Said once per process.)")
+
+    @classmethod
+    def advise(cls, properties: Any, models: Sequence[Any], low_dtype: torch.dtype) -> Optional[str]:
+        """Log the advice (rank 0) the first time a configuration calls for it; returns it when logged."""
+        message = None if cls.said else cls.message(properties, models, low_dtype)
+        if message is not None:
+            cls.said = True
+            if is_rank_zero():
+                log.warning(message)
+        return message
+
+
+def warn_known_traps(properties: Any, optimizers: Sequence[Any], low_dtype: torch.dtype,
+                     models: Sequence[Any] = ()) -> List[str]:
+    """Log a warning (rank 0) for each known trap of this configuration, and the slow-path advice for
+    `models` (SlowCpuHalf); returns the trap messages."""
     messages = find_known_traps(properties, optimizers, low_dtype)
     if is_rank_zero():
         for message in messages:
             log.warning(message)
+    SlowCpuHalf.advise(properties, models, low_dtype)
     return messages

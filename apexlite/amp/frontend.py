@@ -89,7 +89,7 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
     session.own_weights(new_models, new_optimizers)
     session.publish()
     if enabled:
-        warn_known_traps(properties, new_optimizers, low_dtype)
+        warn_known_traps(properties, new_optimizers, low_dtype, new_models)
     if existing is not None:
         log.info("amp.initialize called again: opt_level=%s now applies; %d model(s) and %d optimizer(s) "
                  "are registered and share %d new loss scaler(s) (session %s; amp.deinitialize() starts over)",

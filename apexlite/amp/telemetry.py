@@ -9,6 +9,9 @@ Environment (read when `amp.initialize` creates the session):
                             (unless the script handles SIGTERM itself), so a killed run still reports.
   APEXLITE_WARMUP_STEPS=K   steps left out of the step-time statistics (default 3).
 
+A run that `python -m apexlite sweep` started also pauses between steps when the sweep asks
+(apexlite.sweep.gate), so the sweep can time the runs round by round.
+
 Every sample is kept in bounded memory (a reservoir of step times, a downsampled loss curve), and
 losses stay device tensors until a report is written, so recording never syncs.
 """
@@ -33,6 +36,7 @@ from apexlite.amp.advice import find_known_traps
 from apexlite.amp.bounded_samples import DownsampledCurve, Reservoir
 from apexlite.amp.errors import AmpConfigError
 from apexlite.amp.tensor_memory import StepMemoryProbe, cuda_in_use, state_bytes_per_param
+from apexlite.sweep.gate import RoundGate
 
 log = get_logger("telemetry")
 
@@ -111,6 +115,7 @@ class RunStats:
         self.known_traps: Optional[List[str]] = None
         self.report_path: Optional[str] = None
         self._session: Any = None
+        self._gate = RoundGate.from_environment() if keep_samples else None  # a sweep's rounds pace the run
 
     @property
     def total_steps(self) -> int:
@@ -179,6 +184,9 @@ class RunStats:
             self._probe = None
         if self.report_path and time.perf_counter() - self._last_flush >= FLUSH_INTERVAL_S:
             self.flush()
+        if self._gate is not None:
+            self._gate.after_step(interval, step > self.warmup_steps and step != self.memory_probe_step,
+                                  step >= self.warmup_steps)
         self._last_step_end = time.perf_counter()  # the bookkeeping above is not part of any step
 
     def _find_known_traps(self) -> None:

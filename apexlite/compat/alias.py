@@ -27,6 +27,8 @@ from apexlite.compat.child_path import CHILD_PATH
 from apexlite.compat.child_path.sitecustomize import ALIAS_DIST_INFO as DIST_INFO
 from apexlite.compat.child_path.sitecustomize import APEX_DISTRIBUTION_VERSION, LEGACY_TOP_LEVEL
 from apexlite.compat.install import is_stand_in
+from apexlite.help_text import wrap
+from apexlite.switches import help_section
 RECORD_NAME = "apexlite_alias.json"  # apexlite's own record of what install wrote, inside the dist-info
 USAGE = """usage: python -m apexlite alias install|uninstall|status
 
@@ -224,8 +226,8 @@ ACTIONS = {"install": install, "uninstall": uninstall, "status": status}
 def main(argv: List[str]) -> int:
     """Entry point of `python -m apexlite alias`."""
     site = site_dir()
-    usage = USAGE.format(prefix=sys.prefix, version=APEX_DISTRIBUTION_VERSION, site=site,
-                         modules=", ".join(LEGACY_TOP_LEVEL[2:]))
+    usage = wrap(USAGE.format(prefix=sys.prefix, version=APEX_DISTRIBUTION_VERSION, site=site,
+                              modules=", ".join(LEGACY_TOP_LEVEL[2:])) + "\n\n" + help_section("alias"))
     if len(argv) != 1 or argv[0] not in ACTIONS:
         if argv and argv[0] in ("-h", "--help"):
             sys.stdout.write(usage + "\n")

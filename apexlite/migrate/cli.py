@@ -19,6 +19,8 @@ import sys
 import tokenize
 from typing import Dict, List, Tuple
 
+from apexlite.help_text import HelpFormatter
+from apexlite.switches import help_section
 from apexlite.wording import counted
 
 INSTALL_HINT = "apexlite migrate needs libcst: pip install 'apexlite[migrate]'"
@@ -39,9 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     from apexlite.migrate.options import DEFAULT_TOLERANCE, O2_CHOICES
 
     epilog = "exit status:\n" + "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_STATUSES)
-    epilog += "\n  with several files, the highest status of any of them"
+    epilog += "\n  with several files, the highest status of any of them\n\n" + help_section("migrate")
     parser = argparse.ArgumentParser(
-        prog="python -m apexlite migrate", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog,
+        prog="python -m apexlite migrate", formatter_class=HelpFormatter, epilog=epilog,
         usage="python -m apexlite migrate PATH... [-o OUT | --diff | --in-place] [options] [--verify [--max-steps N]]"
               " [-- SCRIPT_ARGS...]",
         description="Rewrite legacy apex.amp scripts into native torch.amp (torch.autocast + torch.amp.GradScaler) "

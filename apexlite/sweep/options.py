@@ -8,35 +8,52 @@ from typing import List, Optional, Tuple
 from apexlite.amp.environment import DTYPE_NAMES
 from apexlite.amp.opt_levels import OPT_LEVELS
 from apexlite.amp.telemetry import DEFAULT_WARMUP_STEPS, MAX_STEPS_ENV
+from apexlite.help_text import HelpFormatter
+from apexlite.switches import help_section
 
 PROG = "python -m apexlite sweep"
 # accepted spelling -> canonical dtype name (the names APEXLITE_DTYPE accepts)
 DTYPE_ALIASES = {name: str(dtype).replace("torch.", "") for name, dtype in DTYPE_NAMES.items()}
 PLOT_FORMATS = (".png", ".pdf", ".svg")
-TIE_MARGIN = 0.05  # step times this close to the fastest count as equally fast
+TIE_MARGIN = 0.05  # a run must be at least this much faster (and measurably so) to be preferred
+DEFAULT_BUDGET_S = 60.0
+DEFAULT_PRECISION = 0.05
 
 DESCRIPTION = """\
-Run a training script once per (opt level, dtype), each in a fresh `python -m apexlite run` process,
-and recommend one. The script stays unchanged: APEXLITE_OPT_LEVEL / APEXLITE_DTYPE override what it
-passes to amp.initialize, and apexlite measures each run itself (steps, step time, tensor memory,
-losses seen by amp.scale_loss, skipped steps, loss scale).
+Run a training script once per (opt level, dtype), each in its own `python -m apexlite run` process, and
+recommend one. The script stays unchanged: APEXLITE_OPT_LEVEL / APEXLITE_DTYPE override what it passes to
+amp.initialize, and apexlite measures each run itself (steps, step time, tensor memory, losses seen by
+amp.scale_loss, skipped steps, loss scale).
+
+Speed is timed in rounds: every run starts and pauses after its warm-up; then, round after round, each
+runs a short slice of steps while the others wait, so every pair is compared on the same machine moments
+apart. Steps timed inside the run count; start-up and the first step after each pause do not, nor does a
+step whose threads waited for a CPU (another process was running). Rounds go on until every speed ratio's
+95% interval is within --precision of it, or --budget seconds are spent. A ratio is printed with its
+interval (the median of the per-round ratios and a sign-test interval, which holds whatever the shape of
+the noise); "no measurable difference" when the interval holds 1. When the timings say nothing (too few
+rounds, most steps waited), the sweep says speed could not be measured and ranks by what was: status,
+final loss, memory.
 
 Statuses: ok; diverged (a non-finite loss after the first 3 steps, or a final loss above 2x the
 baseline's); failed (non-zero exit; the exception line is shown); timeout (killed with its child
 processes; what it measured until then is kept). Any run that is not ok makes the exit status 1.
 
-The recommendation is the fastest combination that is ok and whose final loss is at most
---tolerance above the baseline's (O0, or the first successful run when O0 is not swept). Step times
-within 5% of the fastest count as a tie, and a tie goes to the lower opt level (then the --dtypes
-order), so noise cannot flip the choice."""
+The recommendation is among the runs that are ok with a final loss at most --tolerance above the
+baseline's (O0, or the first successful run when O0 is not swept): the lowest opt level (then the --dtypes
+order) that no other run beat measurably (its whole interval above 1, the ratio at least 5% above 1)."""
 
 EPILOG = f"""\
 arguments after `--` go to the script unchanged:
-  {PROG} train.py --max-steps 20 -- --epochs 90 --batch-size 64
-  {PROG} train.py --opt-levels O0,O2 --dtypes fp16,bf16 --repeats 3 --json runs.json --plot loss.png
+  {PROG} train.py --max-steps 20 -- --epochs 90
+  {PROG} train.py --opt-levels O0,O2 --dtypes fp16,bf16 --json runs.json
 
 --max-steps sets {MAX_STEPS_ENV}=N in each run; the same variable works for a single run:
-  {MAX_STEPS_ENV}=20 python -m apexlite run train.py"""
+  {MAX_STEPS_ENV}=20 python -m apexlite run train.py
+
+All runs are alive at once (paused while another runs): on a GPU they share its memory.
+
+{help_section("sweep")}"""
 
 
 def _whole_number(minimum: int):
@@ -98,7 +115,7 @@ def _output_path(suffixes: Optional[Tuple[str, ...]]):
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, usage="%(prog)s SCRIPT [options] [-- SCRIPT_ARGS ...]",
                                      description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("script", help="the training script (run unchanged, as `python -m apexlite run SCRIPT`)")
     parser.add_argument("--opt-levels", default=list(OPT_LEVELS), type=_opt_levels, metavar="LIST",
                         help="comma-separated opt levels from O0,O1,O2,O3 (default: O0,O1,O2,O3); O0 is the "
@@ -113,13 +130,20 @@ def _build_parser() -> argparse.ArgumentParser:
                         help=f"first K steps left out of the step-time statistics; integer >= 0 "
                              f"(default: {DEFAULT_WARMUP_STEPS})")
     parser.add_argument("--repeats", type=_whole_number(1), default=1, metavar="R",
-                        help="run every combination R times, alternating the order (forward, backward, ...); "
-                             "rows report the median of the runs' medians; integer >= 1 (default: 1)")
+                        help="start every combination R times (fresh processes each time), their rounds pooled; "
+                             "integer >= 1 (default: 1)")
+    parser.add_argument("--budget", type=_number(0.0, strict=True), default=DEFAULT_BUDGET_S, metavar="SECONDS",
+                        help="time for the timing rounds, all repeats together; the runs then go on to their end "
+                             f"(or --max-steps); number > 0 (default: {DEFAULT_BUDGET_S:g})")
+    parser.add_argument("--precision", type=_number(0.0, strict=True), default=DEFAULT_PRECISION, metavar="F",
+                        help="stop the rounds early once every speed ratio's 95%% interval lies within this "
+                             f"fraction of it; number > 0 (default: {DEFAULT_PRECISION:g}, i.e. +-5%%)")
     parser.add_argument("--tolerance", type=_number(0.0, strict=False), default=0.05,
                         metavar="F", help="how far (a fraction) a final loss may lie above the baseline's for "
                                           "the run to be recommended; number >= 0 (default: 0.05, i.e. 5%%)")
     parser.add_argument("--timeout", type=_number(0.0, strict=True), default=600.0,
-                        metavar="SECONDS", help="wall-clock limit per run; number > 0 (default: 600)")
+                        metavar="SECONDS", help="limit per run on the time it runs (time paused while the others "
+                                                "run is not counted); number > 0 (default: 600)")
     parser.add_argument("--json", dest="json_path", type=_output_path(None), metavar="FILE",
                         help="also write the runs, environment and recommendation to FILE as strict JSON "
                              "(values that are not finite are null; the status says why)")
@@ -160,11 +184,3 @@ def combinations(opt_levels: List[str], dtypes: List[str]) -> List[Tuple[str, st
         for dtype in (["float32"] if level == "O0" else dtypes):
             pairs.append((level, dtype))
     return pairs
-
-
-def schedule(pairs: List[Tuple[str, str]], repeats: int) -> List[Tuple[int, Tuple[str, str]]]:
-    """(repeat index, pair) in run order: forward, then backward, then forward... so drift evens out."""
-    order: List[Tuple[int, Tuple[str, str]]] = []
-    for repeat in range(repeats):
-        order += [(repeat, pair) for pair in (pairs if repeat % 2 == 0 else pairs[::-1])]
-    return order

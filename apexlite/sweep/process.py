@@ -1,7 +1,8 @@
-"""One run of a sweep: a fresh `python -m apexlite run` process, its telemetry, its outcome.
+"""The environment a measured run gets, and one such run start to end (what `migrate --verify` uses; the
+sweep itself paces its runs through apexlite.sweep.children).
 
 The process itself is run by apexlite.child_process (own process group, time limit, the whole tree
-ended afterwards, output to files); this module adds the sweep's environment and reads the telemetry.
+ended afterwards, output to files); this module adds the environment and reads the telemetry.
 """
 from __future__ import annotations
 

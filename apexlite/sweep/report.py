@@ -12,8 +12,6 @@ import torch
 
 import apexlite
 
-NOISY_SPREAD = 0.20  # a step-time spread above this fraction of the median makes timings unreliable
-
 # (row key, header, what the column measures)
 COLUMNS = (
     ("opt_level", "level", None),
@@ -21,9 +19,9 @@ COLUMNS = (
     ("status", "status", "ok / diverged / failed / timeout (reasons below the table)"),
     ("steps", "steps", "optimizer step() calls, skipped ones included"),
     ("skipped_steps", "skipped", "steps skipped because the gradients overflowed"),
-    ("step_time_ms", "ms/step", "median time between consecutive optimizer steps, warm-up steps left out "
-                                "(median of the repeats' medians)"),
-    ("step_time_ms_iqr", "IQR ms", "interquartile range of those step times"),
+    ("step_time_ms", "ms/step", "median over the rounds of the round's step time (the median of its slice's "
+                                "steps that did not wait for a CPU)"),
+    ("timed_rounds", "rounds", "rounds that timed this run (a slice whose steps mostly waited does not count)"),
     ("peak_tensor_mb", "peak tensor MB", "CUDA: torch.cuda.max_memory_allocated; CPU: peak of live tensor "
                                          "bytes during one step (profiler)"),
     ("state_bytes_per_param", "B/param", "bytes per model parameter after backward: weights, grads, fp32 "
@@ -66,29 +64,11 @@ def environment_line(env: Dict[str, Any]) -> str:
             f"{env['torch_threads']} torch threads on {env['cpu_count']} cores, {env['date']}")
 
 
-def load_notes(rows: List[Dict[str, Any]], peak_load: float, cores: int) -> List[str]:
-    """Why the timings may not be trusted: a loaded machine, or spreads above 20% of the median."""
-    notes = []
+def load_notes(peak_load: float, cores: int) -> List[str]:
+    """The machine's load, when it was above its core count (the speed section says what that cost)."""
     if peak_load > cores:
-        notes.append(f"the machine was loaded: load average up to {peak_load:.2f} on {cores} cores")
-    noisy = []
-    for row in rows:
-        median = row.get("step_time_ms")
-        if not median:
-            continue
-        spread = (row.get("step_time_ms_iqr") or 0.0) / median
-        repeats = [value for value in row.get("step_time_ms_repeats", []) if value is not None]
-        if len(repeats) > 1:
-            spread = max(spread, (max(repeats) - min(repeats)) / median)
-        if spread > NOISY_SPREAD:
-            noisy.append(f"{row['opt_level']} {row['dtype']} ({spread:.0%})")
-    if noisy:
-        notes.append(f"step-time spread above {NOISY_SPREAD:.0%} of the median: {', '.join(noisy)}")
-    if notes:
-        repeated = any((row.get("repeats") or 1) > 1 for row in rows)
-        notes.append("timings may not be reliable: re-run on an idle machine"
-                     + ("" if repeated else ", or with --repeats 3"))
-    return notes
+        return [f"the machine was loaded: load average up to {peak_load:.2f} on {cores} cores"]
+    return []
 
 
 def _cell(value: Any) -> str:
@@ -113,10 +93,11 @@ def legend() -> str:
     return "\n".join(f"  {header:15} {meaning}" for _, header, meaning in COLUMNS if meaning)
 
 
-def format_report(rows: List[Dict[str, Any]], env: Dict[str, Any], notes: List[str],
+def format_report(rows: List[Dict[str, Any]], env: Dict[str, Any], speed_lines: List[str], notes: List[str],
                   recommendation: Dict[str, Any], baseline_note: Optional[str]) -> str:
     """Everything the sweep prints after its runs; it ends with the recommendation."""
-    parts = [f"environment: {environment_line(env)}", "", format_table(rows), "", "columns:", legend()]
+    parts = [f"environment: {environment_line(env)}", "", format_table(rows), "", "columns:", legend(), "",
+             *speed_lines]
     problems = [f"  {row['opt_level']} {row['dtype']} {row['status']}: {row['error']}"
                 for row in rows if row["status"] != "ok"]
     if problems:

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from apexlite.amp.opt_levels import OPT_LEVELS
 from apexlite.amp.telemetry import FINAL_LOSS_WINDOW, NONFINITE_GRACE_STEPS
 from apexlite.sweep.options import TIE_MARGIN
+from apexlite.sweep.speed import SpeedTable
 
 STATUS_ORDER = ("failed", "timeout", "diverged", "ok")  # a row takes the first status any repeat had
 DIVERGED_LOSS_RATIO = 2.0
@@ -117,9 +118,52 @@ def _rank(row: Dict[str, Any], order: List[Tuple[str, str]]) -> Tuple[int, int]:
     return list(OPT_LEVELS).index(row["opt_level"]), order.index(pair) if pair in order else len(order)
 
 
+def _pair(row: Dict[str, Any]) -> Tuple[str, str]:
+    return row["opt_level"], row["dtype"]
+
+
+def _measurably_faster(speed: SpeedTable, row: Dict[str, Any], than: Dict[str, Any]) -> bool:
+    """`row` beat `than`: its whole 95% interval above 1 and the ratio itself at least 1 + TIE_MARGIN."""
+    ratio = speed.ratio(_pair(than), _pair(row))
+    return ratio.verdict == "faster" and ratio.estimate >= 1 + TIE_MARGIN
+
+
+def _by_speed(candidates: List[Dict[str, Any]], baseline: Dict[str, Any], speed: SpeedTable,
+              order: List[Tuple[str, str]]) -> Tuple[Dict[str, Any], str]:
+    """The lowest-ranked candidate no other candidate measurably beat, and why."""
+    unbeaten = [row for row in candidates
+                if not any(_measurably_faster(speed, other, row) for other in candidates if other is not row)]
+    choice = min(unbeaten or candidates, key=lambda row: _rank(row, order))
+    step = speed.step_time_ms(_pair(choice))
+    reason = f"{label(choice)}: " + (f"{step:.3g} ms/step" if step is not None else "step time not measured")
+    if choice is not baseline:
+        ratio = speed.ratio(_pair(baseline), _pair(choice))
+        reason += (f"; its speed relative to {label(baseline)}: {ratio.text()}" if ratio.low is None else
+                   f", {ratio.text()} the speed of {label(baseline)} ({ratio.verdict})")
+    others = [label(row) for row in unbeaten if row is not choice]
+    if others:
+        reason += (f"; {', '.join(others)} not measurably faster (95% interval, and by at least "
+                   f"{TIE_MARGIN:.0%}): the lower opt level is preferred")
+    return choice, reason
+
+
+def _by_what_was_measured(candidates: List[Dict[str, Any]], why: str,
+                          order: List[Tuple[str, str]]) -> Tuple[Dict[str, Any], str]:
+    """Without a speed: the candidate with the least peak tensor memory (then the lower opt level)."""
+    def memory(row: Dict[str, Any]) -> float:
+        return row["peak_tensor_mb"] if row.get("peak_tensor_mb") is not None else float("inf")
+
+    choice = min(candidates, key=lambda row: (memory(row), _rank(row, order)))
+    listed = ", ".join(f"{label(row)} {row['peak_tensor_mb']:.3g} MB" if row.get("peak_tensor_mb") is not None
+                       else f"{label(row)} not measured" for row in sorted(candidates, key=memory))
+    return choice, (f"speed could not be measured ({why}), so no speed is claimed; ranked by what was "
+                    f"measured: finished ok, final loss within tolerance, then least peak tensor memory ({listed})")
+
+
 def recommend(rows: List[Dict[str, Any]], baseline: Optional[Dict[str, Any]], note: Optional[str],
-              tolerance: float) -> Dict[str, Any]:
-    """The fastest ok combination within `tolerance` of the baseline's loss (ties: lower opt level)."""
+              tolerance: float, speed: SpeedTable) -> Dict[str, Any]:
+    """The lowest opt level no other run measurably beat in speed, among the ok runs within `tolerance` of
+    the baseline's loss; when speed could not be measured, the one with the least memory."""
     def decision(row: Optional[Dict[str, Any]], reason: str) -> Dict[str, Any]:
         reason = f"{note}. {reason}" if note else reason
         return {"opt_level": row["opt_level"] if row else None, "dtype": row["dtype"] if row else None,
@@ -129,24 +173,21 @@ def recommend(rows: List[Dict[str, Any]], baseline: Optional[Dict[str, Any]], no
         return decision(None, "Nothing to recommend.")
     base_loss = baseline["final_loss"]
     excluded = [f"{label(row)} ({row['status']})" for row in rows if row["status"] != "ok"]
-    candidates = [row for row in rows if row["status"] == "ok" and row["step_time_ms"] is not None
-                  and row["final_loss"] is not None and relative_excess(row["final_loss"], base_loss) <= tolerance]
+    candidates = [row for row in rows if row["status"] == "ok" and row["final_loss"] is not None
+                  and relative_excess(row["final_loss"], base_loss) <= tolerance]
     left_out = "; not considered: " + ", ".join(excluded) if excluded else ""
     if not candidates:
         return decision(None, f"No run that finished cleanly kept its final loss within {tolerance:.0%} of "
-                              f"{label(baseline)}'s and measured a step time{left_out}.")
-    fastest = min(row["step_time_ms"] for row in candidates)
-    ties = [row for row in candidates if row["step_time_ms"] <= fastest * (1 + TIE_MARGIN)]
-    order = [(row["opt_level"], row["dtype"]) for row in rows]
-    choice = min(ties, key=lambda row: _rank(row, order))
-    reason = f"{label(choice)}: {choice['step_time_ms']:.3g} ms/step"
-    if choice is not baseline and baseline["step_time_ms"]:
-        reason += f" ({baseline['step_time_ms'] / choice['step_time_ms']:.2f}x the speed of {label(baseline)})"
+                              f"{label(baseline)}'s{left_out}.")
+    order = [_pair(row) for row in rows]
+    pairs = [_pair(row) for row in candidates]
+    if len(candidates) == 1:
+        choice, reason = candidates[0], f"{label(candidates[0])}: the only run that finished ok within tolerance"
+    elif any(speed.ratio(a, b).measured for a in pairs for b in pairs if a != b):
+        choice, reason = _by_speed(candidates, baseline, speed, order)
+    else:
+        choice, reason = _by_what_was_measured(candidates, speed.why_not_measured(pairs), order)
     ratio = relative_excess(choice["final_loss"], base_loss)
-    reason += (f", final loss {ratio:+.1%} vs {label(baseline)}'s (tolerance {tolerance:.0%})" if choice is not
-               baseline else ", the baseline itself")
-    others = [label(row) for row in ties if row is not choice]
-    if others:
-        reason += (f"; {', '.join(others)} within {TIE_MARGIN:.0%} of the fastest step time: "
-                   "the lower opt level is preferred")
+    reason += (f"; final loss {ratio:+.1%} vs {label(baseline)}'s (tolerance {tolerance:.0%})" if choice is not
+               baseline else "; the baseline itself")
     return decision(choice, reason + left_out + ".")

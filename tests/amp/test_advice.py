@@ -105,3 +105,51 @@ def test_subclasses_are_named_only_when_they_run_torchs_step(optimizer_class, tr
         assert len(traps) == 1 and "torch.optim.Adam(eps=1e-08)" in traps[0]
     else:
         assert traps == []
+
+
+SLOW_CPU_PROBE = """
+import logging, sys, torch
+from apexlite import amp
+
+seen = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        seen.append((record.name, record.levelname, record.getMessage()))
+logging.getLogger("apexlite").addHandler(Keep())
+for level, dtype in [tuple(item.split(":")) for item in sys.argv[1:]]:
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    amp.initialize(model, optimizer, opt_level=level, dtype=getattr(torch, dtype), verbosity=0)
+    amp.deinitialize()
+print([entry for entry in seen if "few fast float16 kernels" in entry[2]])
+"""
+
+
+def _slow_cpu_advice(*configurations):
+    """The slow-path records logged in a fresh process running initialize once per configuration."""
+    import ast
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", SLOW_CPU_PROBE, *configurations], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    return ast.literal_eval(result.stdout.strip().splitlines()[-1])
+
+
+def test_float16_on_cpu_is_named_slow_once_per_process_with_the_alternatives():
+    records = _slow_cpu_advice("O2:float16", "O2:float16", "O3:float16", "O1:float16")
+    assert len(records) == 1
+    name, level, message = records[0]
+    assert (name, level) == ("apexlite.amp", "WARNING")
+    assert message.startswith("O2 keeps float16 weights on CPU")
+    assert "dtype=torch.bfloat16" in message and "APEXLITE_DTYPE=bfloat16" in message and "opt_level='O0'" in message
+
+
+@pytest.mark.parametrize("configurations,expected", [
+    (("O1:float16",), "O1 runs matmuls and convolutions in float16 on CPU"),
+    (("O0:float16", "O2:bfloat16", "O3:bfloat16", "O1:bfloat16"), None),
+])
+def test_the_advice_follows_the_dtype_the_run_computes_in(configurations, expected):
+    records = _slow_cpu_advice(*configurations)
+    assert [message.split(",")[0] for _, _, message in records] == ([expected.split(",")[0]] if expected else [])

@@ -1,0 +1,151 @@
+"""sweep.verdict: statuses, rows, the baseline and the recommendation (pure functions on records)."""
+import random
+import re
+
+import pytest
+
+from apexlite.sweep import verdict
+from apexlite.sweep.rounds import RoundTimes
+from apexlite.sweep.speed import SpeedTable
+
+
+def _telemetry(**fields):
+    base = dict(steps=20, applied_steps=20, skipped_steps=0, measured_steps=17, step_time_ms=10.0,
+                step_time_ms_iqr=1.0, peak_tensor_mb=5.0, state_bytes_per_param=16.0, max_rss_mb=300.0,
+                first_loss=2.0, final_loss=1.0, loss_scale=1.0, casts_per_iteration=0.0, loss_calls=20,
+                nonfinite_losses=0, first_nonfinite_loss_step=None, known_traps=[], loss_curve=[[1, 2.0]],
+                skipped_at=[], peak_tensor_measure="CPU")
+    base.update(fields)
+    return base
+
+
+def _record(level, dtype="float16", status="ok", error=None, **fields):
+    return {"opt_level": level, "dtype": dtype, "status": status, "error": error, "exit_code": 0,
+            "wall_time_s": 1.0, "telemetry": _telemetry(**fields)}
+
+
+def test_a_nonfinite_loss_after_the_grace_steps_is_diverged_and_names_the_trap():
+    record = verdict.classify(_record("O3", nonfinite_losses=17, first_nonfinite_loss_step=4, final_loss=None,
+                                      known_traps=["O3 in float16 with torch.optim.AdamW(eps=1e-08) diverges"]))
+    assert record["status"] == "diverged"
+    assert record["error"].startswith("the loss became non-finite at step 4 (17 non-finite losses after step 3)")
+    assert record["error"].endswith("known trap: O3 in float16 with torch.optim.AdamW(eps=1e-08) diverges")
+    assert verdict.classify(_record("O1"))["status"] == "ok"
+    assert verdict.classify(_record("O1", status="failed", error="x", final_loss=None))["status"] == "failed"
+
+
+def test_rows_report_medians_of_repeats_and_the_worst_status():
+    records = [_record("O2", step_time_ms=t, final_loss=1.0) for t in (10.0, 14.0, 11.0)]
+    row = verdict.combine(records)
+    assert (row["status"], row["step_time_ms"], row["steps"], row["repeats"]) == ("ok", 11.0, 20, 3)
+    records[1].update(status="timeout", error="did not finish within 5s")
+    assert verdict.combine(records)["status"] == "timeout"
+    records[2].update(status="failed", error="exit code 1: ValueError: x")
+    row = verdict.combine(records)
+    assert row["status"] == "failed" and row["error"] == "exit code 1: ValueError: x"
+
+
+def _rows(*specs):
+    """(level, dtype, status, ms/step, final loss[, peak MB]) -> combined rows."""
+    return [verdict.combine([_record(spec[0], spec[1], status=spec[2], error=None if spec[2] == "ok" else spec[2],
+                                     step_time_ms=spec[3], final_loss=spec[4],
+                                     peak_tensor_mb=spec[5] if len(spec) > 5 else 5.0)])
+            for spec in specs]
+
+
+def _speed(specs, rounds=12, jitter=0.01, disturbed=0):
+    """Per-round step times around each spec's ms/step (seeded jitter), as the rounds would record them."""
+    rng = random.Random(0)
+    pairs = [(spec[0], spec[1]) for spec in specs]
+    times = RoundTimes.empty(pairs)
+    for spec, pair in zip(specs, pairs):
+        times.wall[pair] = [spec[3] * 1e-3 * rng.gauss(1.0, jitter) for _ in range(rounds)]
+        times.steps[pair], times.disturbed[pair] = 10 * rounds, disturbed * rounds
+    times.rounds, times.stopped = rounds, "the time budget (60s) was spent"
+    return SpeedTable(times)
+
+
+def _decide(specs, tolerance=0.05, **speed):
+    rows = _rows(*specs)
+    baseline, note = verdict.choose_baseline(rows)
+    verdict.apply_baseline(rows, baseline)
+    return verdict.recommend(rows, baseline, note, tolerance, _speed(specs, **speed))
+
+
+RECOMMENDATIONS = [
+    ("measurably fastest within tolerance",
+     [("O0", "float32", "ok", 20.0, 1.00), ("O1", "float16", "ok", 12.0, 1.01), ("O2", "float16", "ok", 8.0, 1.04)],
+     {}, ("O2", "float16"),
+     [r"O2 float16: (7\.9\d|8\.0\d?) ms/step, 2\.\d\dx \[2\.\d\d, 2\.\d\d\] the speed of O0 float32 \(faster\)",
+      r"\+4\.0%"]),
+    ("too lossy is passed over",
+     [("O0", "float32", "ok", 20.0, 1.00), ("O1", "float16", "ok", 12.0, 1.01), ("O2", "float16", "ok", 8.0, 1.30)],
+     {}, ("O1", "float16"), [r"O1 float16: 1[12]\.\d ms/step, 1\.6\dx \[1\.\d\d, 1\.\d\d\] the speed of O0 float32"]),
+    ("measurably but barely faster is a tie: the lower level",
+     [("O0", "float32", "ok", 20.0, 1.00), ("O1", "float16", "ok", 10.2, 1.0), ("O2", "float16", "ok", 10.0, 1.0)],
+     {"jitter": 0.002}, ("O1", "float16"),
+     ["O2 float16 not measurably faster (95% interval, and by at least 5%): the lower opt level is preferred"]),
+    ("overlapping intervals: no measurable difference, the lower level",
+     [("O0", "float32", "ok", 20.0, 1.00), ("O1", "float16", "ok", 10.0, 1.0), ("O2", "float16", "ok", 9.5, 1.0)],
+     {"jitter": 0.08, "rounds": 20}, ("O1", "float16"), ["O2 float16 not measurably faster"]),
+    ("the toy on a quiet CPU: O0",
+     [("O0", "float32", "ok", 0.59, 1.0), ("O1", "float16", "ok", 2.0, 1.0), ("O2", "float16", "ok", 1.8, 1.0)],
+     {}, ("O0", "float32"), [r"O0 float32: 0\.5\d+ ms/step; the baseline itself"]),
+    ("diverged and failed are never chosen",
+     [("O0", "float32", "ok", 20.0, 1.0), ("O2", "float16", "failed", 1.0, 1.0), ("O3", "float16", "diverged", 1.0,
+                                                                                  None)],
+     {}, ("O0", "float32"), ["the only run that finished ok", "the baseline itself",
+                             "not considered: O2 float16 (failed), O3 float16 (diverged)"]),
+    ("without O0 the first successful run is the baseline",
+     [("O1", "float16", "failed", 5.0, 1.0), ("O2", "float16", "ok", 9.0, 1.0), ("O3", "bfloat16", "ok", 7.0, 1.02)],
+     {}, ("O3", "bfloat16"), ["O0 was not part of this sweep: losses are compared with O2 float16, the first "
+                              "successful run"]),
+    ("nothing qualifies",
+     [("O0", "float32", "failed", 5.0, 1.0), ("O1", "float16", "diverged", 5.0, None)],
+     {}, (None, None), ["O0 did not finish cleanly (failed), and no other run finished with a finite loss"]),
+    ("too few rounds: ranked by memory, no speed claimed",
+     [("O0", "float32", "ok", 20.0, 1.0, 5.7), ("O1", "float16", "ok", 5.0, 1.0, 4.3),
+      ("O2", "float16", "ok", 50.0, 1.0, 4.1)],
+     {"rounds": 4}, ("O2", "float16"),
+     ["speed could not be measured (at most 4 rounds timed a combination; a 95% interval needs 6",
+      "no speed is claimed", "least peak tensor memory (O2 float16 4.1 MB, O1 float16 4.3 MB, O0 float32 5.7 MB)"]),
+    ("most steps waited for a CPU: ranked by memory",
+     [("O0", "float32", "ok", 20.0, 1.0, 5.7), ("O1", "float16", "ok", 5.0, 1.0, 4.3)],
+     {"rounds": 3, "disturbed": 9}, ("O1", "float16"),
+     ["90% of the timed steps waited for a CPU", "no speed is claimed"]),
+    ("noise too large for any interval: ranked by memory",
+     [("O0", "float32", "ok", 20.0, 1.0, 5.7), ("O1", "float16", "ok", 5.0, 1.0, 4.3)],
+     {"jitter": 0.6, "rounds": 8}, ("O1", "float16"),
+     ["the round-to-round spread was too large", "no speed is claimed"]),
+]
+
+
+@pytest.mark.parametrize("name,specs,speed,choice,phrases", RECOMMENDATIONS, ids=[c[0] for c in RECOMMENDATIONS])
+def test_recommendation(name, specs, speed, choice, phrases):
+    decision = _decide(specs, **speed)
+    assert (decision["opt_level"], decision["dtype"]) == choice, decision["reason"]
+    for phrase in phrases:
+        assert phrase in decision["reason"] or re.search(phrase, decision["reason"]), (phrase, decision["reason"])
+
+
+def test_every_speed_in_a_reason_comes_with_its_interval():
+    for _, specs, speed, _, _ in RECOMMENDATIONS:
+        reason = _decide(specs, **speed)["reason"]
+        for claim in re.findall(r"\d+\.\d+x(?: \[[^]]*\])?", reason):
+            assert re.fullmatch(r"\d+\.\d+x \[\d+\.\d+, \d+\.\d+\]", claim), (claim, reason)
+
+
+def test_a_final_loss_above_twice_the_baseline_is_diverged():
+    rows = _rows(("O0", "float32", "ok", 20.0, 1.0), ("O1", "float16", "ok", 10.0, 2.5),
+                 ("O2", "float16", "ok", 10.0, 1.9))
+    baseline, _ = verdict.choose_baseline(rows)
+    verdict.apply_baseline(rows, baseline)
+    assert [(row["status"], row["loss_vs_baseline"]) for row in rows] == [("ok", 1.0), ("diverged", 2.5),
+                                                                          ("ok", 1.9)]
+    assert rows[1]["error"] == "final loss 2.5 is above 2x the baseline's (1)"
+    trapped = _rows(("O0", "float32", "ok", 20.0, 1.0), ("O3", "float16", "ok", 10.0, 3.0))
+    trapped[1]["known_traps"] = ["O3 in float16 with torch.optim.Adam(eps=1e-08) diverges"]
+    verdict.apply_baseline(trapped, trapped[0])
+    assert trapped[1]["error"].endswith("; known trap: O3 in float16 with torch.optim.Adam(eps=1e-08) diverges")
+
+

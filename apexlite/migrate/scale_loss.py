@@ -264,7 +264,7 @@ def _unwrap_edit(scaled_name: str, scaled: str):
             statements = [cst.parse_statement(f"{scaled_name} = {scaled}\n"), *statements]
         if header_comment is not None:
             first = statements[0]
-            statements[0] = first.with_changes(leading_lines=[*first.leading_lines, comment_line(header_comment.value)])
+            statements[0] = first.with_changes(leading_lines=[*first.leading_lines, comment_line(header_comment)])
         return statements
 
     return edit

@@ -20,6 +20,7 @@ from apexlite.migrate.device import RUNTIME
 from apexlite.migrate.edits import Plan, expression, small_statement
 from apexlite.migrate.initialize import AUTOCAST, HALF, KEEP, NONE, AmpSetup, read
 from apexlite.migrate.options import MigrateOptions
+from apexlite.migrate.proof import unproven
 from apexlite.migrate.reach import Key, Resolver, Unit, link
 from apexlite.migrate.scale_loss import ScaleLossPlanner
 from apexlite.migrate.scaler_passing import plan_threads
@@ -84,6 +85,10 @@ def plan_amp_files(plans: Dict[Key, Plan], home: Optional[Key], options: Migrate
 def _plan_native(units: List[Unit], setup: AmpSetup, uses: Dict[Key, List[ApexUse]], origin: str) -> None:
     planner = ScaleLossPlanner(units, setup, origin)
     planner.plan_all()
+    setup.scaler_names = [scaler.name for scaler in planner.scalers]
+    missing = unproven(units, setup, len(planner.sites))
+    if missing is not None:
+        next(unit for unit in units if unit.home).plan.todo(setup.call, missing)
     for unit in units:
         plan_master_params(unit, setup, planner)
         plan_state(unit, setup, planner)
@@ -233,4 +238,6 @@ def _summary(setup: AmpSetup, planner: ScaleLossPlanner) -> str:
     if setup.guard.conditions and (scalers or setup.recipe == AUTOCAST):
         return (f"amp.initialize (opt_level {setup.level}) ran only when `{setup.enabled}`: it became {what}, "
                 "on every path, enabled by that flag")
+    if setup.enabled and (scalers or setup.recipe == AUTOCAST):
+        return f"amp.initialize (opt_level {setup.level}) became {what}, enabled when `{setup.enabled}` (its enabled=)"
     return f"amp.initialize (opt_level {setup.level}) became {what}"

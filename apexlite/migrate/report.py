@@ -19,7 +19,7 @@ def recipe(result: MigrationResult) -> str:
     if setup is None:
         return ""
     what = RECIPES[setup.recipe].format(dtype=setup.dtype)
-    scaler = " + torch.amp.GradScaler" if setup.scaled else ""
+    scaler = " + torch.amp.GradScaler" if setup.scaler_names else ""
     return f"opt_level {setup.level}: {what}{scaler}"
 
 

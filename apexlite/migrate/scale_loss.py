@@ -64,6 +64,7 @@ class ScaleLossPlanner:
         self.scalers: List[Scaler] = []
         self.scaler_of_loss: Dict[int, Scaler] = {}
         self.scaler_of_optimizer: Dict[int, Scaler] = {}
+        self.sites: List[Site] = []  # the scale_loss blocks tied to this amp.initialize
 
     def optimizer_name(self, index: int) -> str:
         return self.setup.optimizers[index]
@@ -133,7 +134,7 @@ class ScaleLossPlanner:
             for use in unit.analysis.uses_of(apis.SCALE_LOSS):
                 sites.append(self._read(unit, use))
                 unit.plan.handle(use.node)
-        sites = [site for site in sites if site is not None]
+        sites = self.sites = [site for site in sites if site is not None]
         if not sites:
             return
         if self.setup.scaled:

@@ -135,9 +135,7 @@ def _name_the_other_files(children: Dict[Key, Plan], uses: Dict[Key, List[ApexUs
 def _plan_keep(unit: Unit, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
     """O2 stays on apexlite's amp: only the import changes (imports.py), if every use is one apexlite.amp has."""
     plan = unit.plan
-    if unit.home:
-        plan.notes.append("O2 keeps amp, now imported from apexlite (`from apexlite import amp`): torch has no "
-                          "fp32-master-weights recipe; --o2=bf16-autocast moves it to bf16 autocast instead")
+    if unit.home:  # the report says why the file is kept on apexlite (report.KEPT_REASON)
         plan.comment(setup.call, "O2 keeps amp from apexlite (torch has no fp32-master-weights recipe); "
                                  "`apexlite migrate --o2=bf16-autocast` moves it to bf16 autocast")
     for use in amp_uses:

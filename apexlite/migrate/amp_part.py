@@ -111,8 +111,9 @@ def _plan_without_setup(plan: Plan, amp_uses: List[ApexUse], elsewhere: str) -> 
                "this amp call becomes; migrate it together with the file that calls amp.initialize, or keep "
                "apexlite's amp")
     if elsewhere:
-        missing = (f"amp.initialize is called more than once ({elsewhere}), so migrate cannot tell which setup "
-                   "this amp call belongs to: migrate the amp part by hand, or keep apexlite's amp")
+        missing = (f"amp.initialize is called more than once ({elsewhere}) in the programs this file is part of "
+                   "(the files that import it, and what they import), so migrate cannot tell which setup this amp "
+                   "call belongs to: migrate the amp part by hand, or keep apexlite's amp")
     for use in amp_uses:
         hint = NATIVE_HINTS.get(use.api)
         plan.todo(use.node, f"`{plan.analysis.code(use.node)}` has no certain torch rewrite: {hint}" if hint

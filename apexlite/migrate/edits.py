@@ -92,6 +92,11 @@ class Plan:
     def wrap(self, first: cst.BaseStatement, last: cst.BaseStatement, header: WithHeader) -> None:
         self.wraps.append((first, last, header))
 
+    @property
+    def has_edits(self) -> bool:
+        """Whether applying the plan changes anything."""
+        return bool(self.expressions or self.small or self.statements or self.wraps or self.before or self.comments)
+
     def is_handled(self, node: cst.CSTNode) -> bool:
         return id(node) in self.handled
 

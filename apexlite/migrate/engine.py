@@ -12,6 +12,7 @@ went in (libcst's round trip).
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib.util
 import os
 import symtable
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ScopeProvider
+from libcst.metadata import MetadataWrapper
 
 from apexlite import check
 from apexlite.migrate import apis
@@ -29,13 +30,17 @@ from apexlite.migrate.analysis import Analysis, parse
 from apexlite.migrate.applier import Applier
 from apexlite.migrate.device import CPU, CUDA, RUNTIME, detect
 from apexlite.migrate.edits import TODO_PREFIX, Plan, Todo, wrapped_comment
-from apexlite.migrate.imports import ImportPlanner
+from apexlite.migrate.imports import ImportPlanner, with_imports
 from apexlite.migrate.leftovers import plan_leftovers
 from apexlite.migrate.initialize import KEEP, AmpSetup
 from apexlite.migrate.options import MigrateOptions
+from apexlite.migrate.programs import FileFacts, ImportGraph, mentions_apex, python_tree, read_facts
 from apexlite.migrate.reach import Resolver, module_resolver
 from apexlite.migrate.replacements import plan_replacements
 from apexlite.migrate.soundness import undefined_reads
+from apexlite.migrate.usage import usage_of
+
+_BUILTINS = frozenset(dir(builtins))
 
 
 @dataclass
@@ -74,20 +79,9 @@ def _compiles(source: bytes) -> Optional[str]:
     return None
 
 
-def _unbound_names(wrapper: MetadataWrapper) -> Set[str]:
-    """Names the module reads without any binding before them (builtins are bound), in libcst's scopes."""
-    names: Set[str] = set()
-    for scope in set(wrapper.resolve(ScopeProvider).values()):
-        if scope is None:
-            continue
-        names.update(access.node.value for access in scope.accesses
-                     if not access.referents and isinstance(access.node, cst.Name))
-    return names
-
-
 def _symbols(source: bytes) -> Tuple[Set[str], Set[str]]:
-    """(names read and bound nowhere, names imported at module level), from Python's symbol tables: order
-    does not matter to them, which is all a check of the import pass needs (it only edits imports)."""
+    """(names read and bound nowhere, builtins aside; names imported at module level), from Python's symbol
+    tables: order does not matter to them (the flow check, soundness.undefined_reads, sees order)."""
     top = symtable.symtable(importlib.util.decode_source(source), "<migrate>", "exec")
     tables, bound, read = [top], set(), set()
     while tables:
@@ -103,30 +97,26 @@ def _symbols(source: bytes) -> Tuple[Set[str], Set[str]]:
             elif symbol.is_global() and symbol.is_referenced():  # read in a function or class, bound nowhere in it
                 read.add(name)
     imported = {symbol.get_name() for symbol in top.get_symbols() if symbol.is_imported()}
-    return read - bound, imported
+    return read - bound - _BUILTINS, imported
 
 
 @dataclass
 class _Applied:
-    """One file's rewrite: the first pass's output, its libcst scopes (computed for the import pass anyway)
-    and the end result."""
+    """One file's rewrite: the first pass's output (without the import edits) and the end result."""
 
     first: bytes
-    first_wrapper: MetadataWrapper
     migrated: bytes
 
 
-def _lost_names(unbound: Set[str], applied: _Applied) -> Set[str]:
-    """Names the migrated script reads without defining them where the original (whose unbound names are
-    `unbound`) defined them. The rewrite (source -> first) is checked in libcst's scopes, already computed
-    for the import pass; the import pass (first -> migrated), which only edits imports, by the symbol
-    tables, without another libcst parse."""
-    if _compiles(applied.first) is not None:  # check the end result itself
-        return _unbound_names(MetadataWrapper(cst.parse_module(applied.migrated))) - unbound
+def _lost_names(source: bytes, unsure: Set[str], applied: _Applied) -> Set[str]:
+    """Names the migrated script reads and binds nowhere where the original bound them before every read
+    (`unsure`: names some path of the original reads undefined), the rewrite (source -> first) and the
+    import pass (first -> migrated) apart, so the `import torch` that pass adds cannot hide a name the
+    rewrite lost."""
     (unbound_first, imported_first), (unbound_migrated, imported_migrated) = (_symbols(applied.first),
                                                                               _symbols(applied.migrated))
     added = imported_migrated - imported_first  # `import torch`, added by the import pass before any use
-    return (_unbound_names(applied.first_wrapper) - unbound - added) | (unbound_migrated - unbound_first)
+    return (unbound_first - _symbols(source)[0] - unsure - added) | (unbound_migrated - unbound_first)
 
 
 def _todo_lines(code: bytes, todos: List[Todo]) -> List[int]:
@@ -149,18 +139,7 @@ class _Group:
 
     keys: List[Path]
     home: Optional[Path]
-    elsewhere: str = ""  # where amp.initialize is called in other files, when that is ambiguous
-
-
-def _groups(parsed: Dict[Path, Tuple[MetadataWrapper, Analysis]]) -> List[_Group]:
-    """One group for all files when exactly one calls amp.initialize (once); else each file alone."""
-    calls = [(key, use.line) for key, (_, analysis) in parsed.items() for use in analysis.uses_of(apis.INITIALIZE)]
-    if len(calls) == 1:
-        return [_Group(list(parsed), calls[0][0])]
-    shown = _shown(list(parsed))
-    elsewhere = ", ".join(f"{shown(key)}:{line}" for key, line in calls)
-    homes = {key for key, _ in calls}
-    return [_Group([key], key if key in homes else None, "" if key in homes else elsewhere) for key in parsed]
+    elsewhere: str = ""  # where amp.initialize is called in the programs of these files, when that is ambiguous
 
 
 def _device(analyses: List[Analysis]) -> str:
@@ -200,10 +179,16 @@ def _shown(keys: List[Path]):
 
 
 def _apply(wrapper: MetadataWrapper, plan: Plan, setup: Optional[AmpSetup]) -> _Applied:
-    first = wrapper.visit(Applier(plan)).bytes
-    second_wrapper, second_analysis = parse(first)
-    imports = ImportPlanner(second_analysis, keep_amp=setup is not None and setup.recipe == KEEP)
-    return _Applied(first, second_wrapper, second_wrapper.visit(Applier(imports.plan_all(plan.needs_torch))).bytes)
+    """The plan applied, then again with the import edits its result calls for (one more pass over the
+    original tree: its import statements are the first result's)."""
+    first = wrapper.visit(Applier(plan)).bytes if plan.has_edits else wrapper.module.bytes
+    usage = usage_of(first)
+    if usage is None:  # the rewrite does not compile: the soundness check refuses it, imports or not
+        return _Applied(first, first)
+    imports = ImportPlanner(plan.analysis, setup is not None and setup.recipe == KEEP, usage).plan_all(plan.needs_torch)
+    if not imports.has_edits:
+        return _Applied(first, first)
+    return _Applied(first, wrapper.visit(Applier(with_imports(plan, imports))).bytes)
 
 
 def _soundness_error(wrapper: MetadataWrapper, source: bytes, applied: _Applied) -> Tuple[Optional[str], List[str]]:
@@ -214,13 +199,13 @@ def _soundness_error(wrapper: MetadataWrapper, source: bytes, applied: _Applied)
     error = _compiles(migrated) if _compiles(source) is None else None
     if error is not None:
         return error, []
-    lost = _lost_names(_unbound_names(wrapper), applied)
+    before = undefined_reads(source)
+    lost = _lost_names(source, {name for _, name in before}, applied)
     # a lost name bound somewhere is only read before its binding: the flow check below reports it
     never_bound = lost & _symbols(migrated)[0] if lost else set()
     if never_bound:
         return (f"it would read {', '.join(sorted(never_bound))} without defining it (a migrate bug: please "
                 "report it)"), []
-    before = undefined_reads(source)
     partial = sorted({name for (scope, name) in undefined_reads(migrated) if (scope, name) not in before})
     if partial:
         return f"it would read {', '.join(partial)} where some path leaves it undefined", partial
@@ -269,30 +254,14 @@ def _result(source: bytes, migrated: bytes, plan: Plan, setup: Optional[AmpSetup
     return result
 
 
-def _mentions_apex(source: bytes) -> bool:
-    """Whether any apex root can be named in `source`: an import of one needs its name in the text."""
-    return any(root.encode() in source for root in apis.ROOTS)
-
-
-def _untouched(source: bytes) -> Optional[MigrationResult]:
+def _untouched(source: bytes, tree: Optional[ast.Module] = None) -> Optional[MigrationResult]:
     """The result for a source migrate has nothing to do with (no apex named, valid Python), without a
     libcst parse: the full pipeline would give the same (nothing to rewrite, nothing left for `check`
     beyond what it finds here)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    tree = python_tree(source) if tree is None else tree
+    if tree is None:
         return None  # the full pipeline says why
     return MigrationResult(source, source, remaining=check.scan(tree))
-
-
-def _reachable(sources: Mapping[Path, bytes]) -> Set[Path]:
-    """The files the joint migration must parse: those naming apex, and those that could import one of them
-    (their text names its module or package); any other file can neither use amp nor receive its
-    GradScaler, so it comes out unchanged without a libcst parse (most of a large repository)."""
-    apex_files = {key for key, source in sources.items() if _mentions_apex(source)}
-    names = {part for key in apex_files for part in (key.stem, key.parent.name) if part and part != "__init__"}
-    encoded = [name.encode() for name in names]
-    return apex_files | {key for key, source in sources.items() if any(name in source for name in encoded)}
 
 
 def _unreadable(source: bytes, why: str) -> MigrationResult:
@@ -305,7 +274,7 @@ def migrate_source(source: bytes, options: MigrateOptions = MigrateOptions()) ->
     The rewrite must compile, read no name it does not define, and leave no name undefined on a path
     where the original defined it. When the amp part breaks the last rule it is left to the user (a TODO
     at amp.initialize) and the rest is migrated; any other failure keeps the original, with the reason."""
-    if not _mentions_apex(source):
+    if not mentions_apex(source):
         untouched = _untouched(source)
         if untouched is not None:
             return untouched
@@ -317,32 +286,46 @@ def migrate_source(source: bytes, options: MigrateOptions = MigrateOptions()) ->
 
 def migrate_sources(sources: Mapping[Path, bytes],
                     options: MigrateOptions = MigrateOptions()) -> Dict[Path, MigrationResult]:
-    """Migrate files jointly (a repository): where amp.initialize is in one file and its optimizers are
-    used in others (a `train()` called with them, `from train import optimizer`), the GradScaler is made
-    beside amp.initialize and reaches them the way the optimizer does; where it cannot, each file's amp
-    part stays, with TODOs naming the other file and line. A file libcst cannot read keeps its bytes, with
+    """Migrate files jointly (a repository), program by program (apexlite.migrate.programs): where
+    amp.initialize is in one file and its optimizers are used in others of its program (a `train()` called
+    with them, `from train import optimizer`), the GradScaler is made beside amp.initialize and reaches them
+    the way the optimizer does; where it cannot, each file's amp part stays, with TODOs naming the other
+    file and line. Only the files a migration can change are parsed with libcst, one group at a time, so
+    memory follows the largest group, not the repository. A file libcst cannot read keeps its bytes, with
     the reason as its error and `unreadable` set."""
-    parsed: Dict[Path, Tuple[MetadataWrapper, Analysis]] = {}
+    facts: Dict[Path, Optional[FileFacts]] = {}
     results: Dict[Path, MigrationResult] = {}
-    reachable = _reachable(sources)
+    for key, source in sources.items():  # one Python parse per file, dropped at once
+        tree = python_tree(source)
+        facts[key] = read_facts(source, tree) if tree is not None else None
+        if tree is not None and not facts[key].apex:
+            results[key] = _untouched(source, tree)
+    broken = [key for key, found in facts.items() if found is None]
+    graph = ImportGraph({key: found for key, found in facts.items() if found is not None})
+    shown = _shown(list(sources))
+    groups = [_Group(group.keys, group.home, ", ".join(f"{shown(key)}:{line}" for key, line in group.initialize_calls))
+              for group in graph.groups()] + [_Group([key], None) for key in broken]
+    del facts, graph
+    for group in groups:
+        parsed: Dict[Path, Tuple[MetadataWrapper, Analysis]] = {}
+        for key in group.keys:
+            try:
+                parsed[key] = parse(sources[key])
+            except cst.ParserSyntaxError as error:
+                results[key] = _unreadable(sources[key], f"libcst cannot parse it: {error.message} (line {error.raw_line})")
+            except RecursionError:
+                results[key] = _unreadable(sources[key], "it is nested too deeply to rewrite")
+        group.keys = [key for key in group.keys if key in parsed]
+        if group.home not in parsed:
+            group.home = None
+        try:
+            results.update(_migrate_group(parsed, sources, group, options, module_resolver(list(parsed))))
+        except RecursionError:
+            results.update({key: _unreadable(sources[key], "it is nested too deeply to rewrite") for key in group.keys})
+        del parsed
     for key, source in sources.items():
-        untouched = None if key in reachable else _untouched(source)
-        if untouched is not None:
-            results[key] = untouched
-            continue
-        try:
-            parsed[key] = parse(source)
-        except cst.ParserSyntaxError as error:
-            results[key] = _unreadable(source, f"libcst cannot parse it: {error.message} (line {error.raw_line})")
-        except RecursionError:
-            results[key] = _unreadable(source, "it is nested too deeply to rewrite")
-    resolve = module_resolver(list(parsed))
-    for group in _groups(parsed):
-        try:
-            results.update(_migrate_group(parsed, sources, group, options, resolve))
-        except RecursionError:
-            results.update({key: _unreadable(sources[key], "it is nested too deeply to rewrite")
-                            for key in group.keys})
+        if key not in results:
+            results[key] = _untouched(source) or MigrationResult(source, source)
     return {key: results[key] for key in sources}
 
 

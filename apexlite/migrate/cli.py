@@ -25,7 +25,8 @@ from apexlite.wording import counted
 
 INSTALL_HINT = "apexlite migrate needs libcst: pip install 'apexlite[migrate]'"
 EXIT_STATUSES = (
-    (0, "migrated completely, or nothing to migrate (and --verify found it trains like the original)"),
+    (0, "migrated completely (to native torch.amp, or kept on apexlite: O2's amp, reported as such), or nothing "
+        "to migrate (and --verify found it trains like the original)"),
     (1, "TODOs were left, a rewrite was refused as unsound (the original is kept), or --verify disagreed"),
     (2, "bad input (missing, not a regular file, not Python source nor a Python notebook) or bad options, "
         "or libcst is missing"),

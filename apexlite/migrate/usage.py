@@ -78,6 +78,15 @@ def _callee(node: ast.expr) -> str:
     return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
 
 
+def symbols_of(table: symtable.SymbolTable) -> List[symtable.Symbol]:
+    """The table's symbols, without the scan of every nested scope that `get_symbols()` makes for each one
+    (quadratic in a module's functions): read from the table's flags where this Python keeps them."""
+    flags = getattr(getattr(table, "_table", None), "symbols", None)
+    if not isinstance(flags, dict):
+        return table.get_symbols()
+    return [symtable.Symbol(name, flag) for name, flag in flags.items()]
+
+
 def _table(top: symtable.SymbolTable, chain: Chain) -> Optional[symtable.SymbolTable]:
     table = top
     for name, line in chain:
@@ -124,5 +133,5 @@ def usage_of(code: bytes) -> Optional[Usage]:
                  for alias in statement.names]
         used = tuple(name == "*" or table is None or name in annotated or _reads(table, name) for name in bound)
         imports.append(ImportUse(tuple(alias.name for alias in statement.names), used))
-    bound = {symbol.get_name() for symbol in top.get_symbols() if symbol.is_imported() or symbol.is_assigned()}
+    bound = {symbol.get_name() for symbol in symbols_of(top) if symbol.is_imported() or symbol.is_assigned()}
     return Usage(tuple(imports), read | annotated, bound)

@@ -1,13 +1,15 @@
 """The migration of one script, or of files together, source bytes in, source bytes out.
 
-1. parse and analyse (apexlite.migrate.analysis); 2. plan: the amp part (all or nothing, across the
-files one amp.initialize reaches: apexlite.migrate.reach), the optimizer/parallel/normalization
-replacements, then the leftovers (apexlite.migrate.leftovers); 3. apply the plan; 4. the import pass on
-a fresh parse of the result; 5. the result must compile, read no name it does not define, and leave no
-name undefined on a path where the original defined it (apexlite.migrate.soundness): else the amp part
-goes back to the user as a TODO, or the original is kept, with the reason; 6. `check`
-(apexlite.check.scan) says what of apex is left. Bytes the plan does not touch come out exactly as they
-went in (libcst's round trip).
+0. (files together) group them into programs by their imports (apexlite.migrate.programs); then per
+program: 1. parse and analyse (apexlite.migrate.analysis); 2. plan: the amp part (all or nothing, across
+the files one amp.initialize reaches: apexlite.migrate.reach), the optimizer/parallel/normalization
+replacements, then the leftovers (apexlite.migrate.leftovers); 3. apply the plan; 4. the import pass,
+from what the result reads (apexlite.migrate.usage), applied with the plan; 5. the result must compile,
+read no name it does not define, and leave no name undefined on a path where the original defined it
+(apexlite.migrate.soundness): else the amp part goes back to the user as a TODO, or the original is
+kept, with the reason; 6. `check` (apexlite.check.scan) says what of apex is left. Bytes the plan does
+not touch come out exactly as they went in (libcst's round trip; comments inside replaced code are kept:
+apexlite.migrate.kept_comments).
 """
 from __future__ import annotations
 

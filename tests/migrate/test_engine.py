@@ -1,6 +1,6 @@
 """The engine's own checks: names a rewrite would read without defining them (the output is then refused:
-the rewrite checked in libcst's scopes, the import pass by Python's symbol tables); the shortcut for
-sources that never name apex."""
+the rewrite and the import pass each checked by Python's symbol tables, order by the flow check); the
+shortcut for sources that never name apex; the cycle collector left as it was found."""
 import builtins
 from pathlib import Path
 
@@ -71,7 +71,7 @@ def test_an_import_pass_that_drops_an_import_still_in_use_is_refused(monkeypatch
 
 
 def test_a_rewrite_reading_a_name_before_its_definition_is_refused(monkeypatch):
-    """Order matters to the rewrite's check (libcst's scopes): a use moved above its definition is caught."""
+    """Order matters to the rewrite's check (the flow check): a use moved above its definition is caught."""
     import libcst as cst
 
     planned = engine._plan

@@ -8,8 +8,10 @@ times the migration (CPU seconds and wall seconds) and reads the process's peak 
 peak the migration added). Every case runs --runs times, alternating cases; the medians are reported with
 the CPU cost per 1,000 lines, whose flatness across sizes is the linearity check, and the added peak per
 1,000 lines (memory follows the size of the largest file, not the repository's).
+`--compare CHECKOUT` measures another apexlite checkout's engine (an older commit, say) on the same inputs,
+each run of it right after this one's, and adds its rows and the ratio.
 Usage: python bench/bench_migrate.py [--runs N] [--sizes 1250,2500,5000,10000,20000] [--repository PATH]...
-[--write]   (--write puts the table into BENCHMARKS.md's migrate-cost block)
+[--compare CHECKOUT] [--write]   (--write puts the table into BENCHMARKS.md's migrate-cost block)
 """
 from __future__ import annotations
 
@@ -71,9 +73,15 @@ def plain_script(lines: int) -> str:
     return text.replace("amp.", "torch_amp_stub.").replace("apex", "x")
 
 
-def measure(child: str, path: str) -> Dict[str, float]:
-    result = subprocess.run([sys.executable, "-c", child, path], capture_output=True, text=True, check=True,
-                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+ROOT = os.path.dirname(HERE)
+
+
+def measure(child: str, path: str, engine: str = ROOT) -> Dict[str, float]:
+    """One fresh process migrating `path` with the apexlite checkout at `engine` (run outside any checkout,
+    so `python -c` finds that one's package first)."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=engine)
+    result = subprocess.run([sys.executable, "-c", child, path], capture_output=True, text=True, check=True, env=env,
+                            cwd=os.path.dirname(os.path.abspath(path)))
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -91,7 +99,7 @@ def _lines(path: str) -> int:
     return total
 
 
-def run(sizes: List[int], repositories: List[str], runs: int) -> List[Dict[str, object]]:
+def run(sizes: List[int], repositories: List[str], runs: int, compare: str = "") -> List[Dict[str, object]]:
     with tempfile.TemporaryDirectory(prefix="apexlite-bench-migrate-") as tmp:
         cases: List[Tuple[str, str, str]] = []
         for size in sizes:
@@ -105,12 +113,14 @@ def run(sizes: List[int], repositories: List[str], runs: int) -> List[Dict[str, 
         cases.append((f"no apex, {max(sizes)} lines", SCRIPT_CHILD, plain))
         cases += [(f"repository {os.path.basename(os.path.normpath(path))}", REPOSITORY_CHILD, path)
                   for path in repositories]
-        samples: Dict[str, List[Dict[str, float]]] = {label: [] for label, _, _ in cases}
+        engines = [("", ROOT)] + ([(f" ({os.path.basename(os.path.normpath(compare))})", compare)] if compare else [])
+        samples: Dict[str, List[Dict[str, float]]] = {}
         for _ in range(runs):
             for label, child, path in cases:
-                samples[label].append(measure(child, path))
+                for suffix, engine in engines:
+                    samples.setdefault(label + suffix, []).append(measure(child, path, engine))
         rows = []
-        for label, _, path in cases:
+        for label, _, path in [(label + suffix, child, path) for label, child, path in cases for suffix, _ in engines]:
             lines = _lines(path)
             taken = samples[label]
             cpu = statistics.median(s["cpu_s"] for s in taken)
@@ -144,10 +154,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="1250,2500,5000,10000,20000")
     parser.add_argument("--repository", action="append", default=[], metavar="PATH",
                         help="a checkout to migrate as a whole, nothing written (may repeat)")
+    parser.add_argument("--compare", default="", metavar="CHECKOUT",
+                        help="another apexlite checkout whose engine runs right after this one on every input")
     parser.add_argument("--write", action="store_true", help="write the table into BENCHMARKS.md")
     args = parser.parse_args()
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    rows = run([int(size) for size in args.sizes.split(",")], args.repository, args.runs)
+    rows = run([int(size) for size in args.sizes.split(",")], [os.path.abspath(path) for path in args.repository],
+               args.runs, os.path.abspath(args.compare) if args.compare else "")
     command = "python bench/bench_migrate.py " + " ".join(sys.argv[1:]).replace(" --write", "")
     text = markdown(rows, args.runs, command.strip(), load)
     print(text)

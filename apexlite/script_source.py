@@ -46,7 +46,8 @@ class TooLarge(ScriptSourceError):
     exit_status = 5
 
 
-def _file_kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """`a FIFO`, `a character device`, ...: what a non-regular file is, for one-line messages."""
     for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
@@ -56,7 +57,7 @@ def _file_kind(mode: int) -> str:
 
 def _check_regular(path: str, mode: int) -> None:
     if not stat.S_ISREG(mode):
-        raise NotRegularFile(f"{path} is {_file_kind(mode)}, not a Python script")
+        raise NotRegularFile(f"{path} is {file_kind(mode)}, not a Python script")
 
 
 def read_source_bytes(path: str, max_bytes: int = MAX_SOURCE_BYTES) -> bytes:

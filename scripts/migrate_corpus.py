@@ -4,8 +4,8 @@
 
 Every .py and .ipynb under each CHECKOUT (the folders `migrate` itself would take: apexlite.script_paths)
 is read and migrated the way `migrate PATH` does (apexlite.migrate.files), one file at a time so each gets
-its own time. Nothing is written back. A file's outcome is one of migrate's (migrated / TODOs / not
-rewritten / unchanged / refused), or CRASH when migrate raised anything but its own refusal; every
+its own time. Nothing is written back. A file's outcome is one of migrate's (migrated / kept on apexlite /
+TODOs / not rewritten / unchanged / refused), or CRASH when migrate raised anything but its own refusal; every
 migrated output must compile (a notebook's code cells as one program), else it is counted as INVALID.
 Both must stay at zero. The table per checkout goes to stdout; --json writes every file's record.
 """
@@ -81,7 +81,7 @@ def run(checkout: str, options: MigrateOptions, apex_only: bool) -> List[Dict[st
 
 
 def table(results: Dict[str, List[Dict[str, Any]]]) -> str:
-    outcomes = ["migrated", "TODOs", "not rewritten", "unchanged", "refused", CRASH, INVALID]
+    outcomes = ["migrated", "kept on apexlite", "TODOs", "not rewritten", "unchanged", "refused", CRASH, INVALID]
     lines = ["| checkout | files | naming apex | " + " | ".join(outcomes) + " | TODOs | CPU s (all) | slowest s |",
              "|---|---:|---:|" + "---:|" * len(outcomes) + "---:|---:|---:|"]
     for checkout, records in results.items():

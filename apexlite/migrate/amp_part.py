@@ -20,6 +20,7 @@ from apexlite.migrate.device import RUNTIME
 from apexlite.migrate.edits import Plan, expression, small_statement
 from apexlite.migrate.initialize import AUTOCAST, HALF, KEEP, NONE, AmpSetup, read
 from apexlite.migrate.options import MigrateOptions
+from apexlite.migrate.proof import unproven
 from apexlite.migrate.reach import Key, Resolver, Unit, link
 from apexlite.migrate.scale_loss import ScaleLossPlanner
 from apexlite.migrate.scaler_passing import plan_threads
@@ -84,6 +85,10 @@ def plan_amp_files(plans: Dict[Key, Plan], home: Optional[Key], options: Migrate
 def _plan_native(units: List[Unit], setup: AmpSetup, uses: Dict[Key, List[ApexUse]], origin: str) -> None:
     planner = ScaleLossPlanner(units, setup, origin)
     planner.plan_all()
+    setup.scaler_names = [scaler.name for scaler in planner.scalers]
+    missing = unproven(units, setup, len(planner.sites))
+    if missing is not None:
+        next(unit for unit in units if unit.home).plan.todo(setup.call, missing)
     for unit in units:
         plan_master_params(unit, setup, planner)
         plan_state(unit, setup, planner)
@@ -106,8 +111,9 @@ def _plan_without_setup(plan: Plan, amp_uses: List[ApexUse], elsewhere: str) -> 
                "this amp call becomes; migrate it together with the file that calls amp.initialize, or keep "
                "apexlite's amp")
     if elsewhere:
-        missing = (f"amp.initialize is called more than once ({elsewhere}), so migrate cannot tell which setup "
-                   "this amp call belongs to: migrate the amp part by hand, or keep apexlite's amp")
+        missing = (f"amp.initialize is called more than once ({elsewhere}) in the programs this file is part of "
+                   "(the files that import it, and what they import), so migrate cannot tell which setup this amp "
+                   "call belongs to: migrate the amp part by hand, or keep apexlite's amp")
     for use in amp_uses:
         hint = NATIVE_HINTS.get(use.api)
         plan.todo(use.node, f"`{plan.analysis.code(use.node)}` has no certain torch rewrite: {hint}" if hint
@@ -130,9 +136,7 @@ def _name_the_other_files(children: Dict[Key, Plan], uses: Dict[Key, List[ApexUs
 def _plan_keep(unit: Unit, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
     """O2 stays on apexlite's amp: only the import changes (imports.py), if every use is one apexlite.amp has."""
     plan = unit.plan
-    if unit.home:
-        plan.notes.append("O2 keeps amp, now imported from apexlite (`from apexlite import amp`): torch has no "
-                          "fp32-master-weights recipe; --o2=bf16-autocast moves it to bf16 autocast instead")
+    if unit.home:  # the report says why the file is kept on apexlite (report.KEPT_REASON)
         plan.comment(setup.call, "O2 keeps amp from apexlite (torch has no fp32-master-weights recipe); "
                                  "`apexlite migrate --o2=bf16-autocast` moves it to bf16 autocast")
     for use in amp_uses:
@@ -233,4 +237,6 @@ def _summary(setup: AmpSetup, planner: ScaleLossPlanner) -> str:
     if setup.guard.conditions and (scalers or setup.recipe == AUTOCAST):
         return (f"amp.initialize (opt_level {setup.level}) ran only when `{setup.enabled}`: it became {what}, "
                 "on every path, enabled by that flag")
+    if setup.enabled and (scalers or setup.recipe == AUTOCAST):
+        return f"amp.initialize (opt_level {setup.level}) became {what}, enabled when `{setup.enabled}` (its enabled=)"
     return f"amp.initialize (opt_level {setup.level}) became {what}"

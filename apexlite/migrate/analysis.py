@@ -4,8 +4,8 @@ imports and scopes to the API it is (apexlite.migrate.apis), plus the tree quest
 
 Cost is linear in the script's length and paid once: one traversal indexes the tree (parents, source
 order, each subtree's extent, so every later walk is a slice), scopes and expression contexts come from
-libcst, qualified names are asked of the scopes only for names an apex import binds, and positions are
-computed only when a line is first asked for.
+libcst, qualified names are asked of the scopes only for names an apex import binds, and line numbers are
+computed only when a line is first asked for (apexlite.migrate.lines, one plain code generation).
 """
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from typing import Any, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 from libcst.metadata import (
-    ExpressionContext, ExpressionContextProvider, MetadataWrapper, PositionProvider, QualifiedName,
+    ExpressionContext, ExpressionContextProvider, MetadataWrapper, QualifiedName,
     QualifiedNameSource, ScopeProvider,
 )
 
 from apexlite.migrate import apis
+from apexlite.migrate.lines import LineIndex
 
 Block = Union[cst.Module, cst.IndentedBlock]
 DottedNode = Union[cst.Name, cst.Attribute]
@@ -84,7 +85,7 @@ class Analysis(cst.MetadataDependent):
         self.module = wrapper.module
         self.metadata = wrapper.resolve_many(self.METADATA_DEPENDENCIES)
         self.index = TreeIndex(self.module)
-        self._positions: Optional[Any] = None
+        self._lines: Optional[LineIndex] = None
         self.identifiers: Set[str] = {node.value for node in self.nodes(cst.Name)}
         self.uses: List[ApexUse] = self._collect_uses()
 
@@ -103,17 +104,14 @@ class Analysis(cst.MetadataDependent):
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         return self.index.parent.get(node)
 
-    def _start(self, node: cst.CSTNode):
-        if self._positions is None:  # computed for the whole module the first time a line is asked for
-            self._positions = self.wrapper.resolve(PositionProvider)
-        return self._positions[node].start
-
     def line(self, node: cst.CSTNode) -> int:
-        return self._start(node).line
+        if self._lines is None:  # computed for the whole module the first time a line is asked for
+            self._lines = LineIndex(self.module)
+        return self._lines.line(node)
 
-    def position(self, node: cst.CSTNode) -> Tuple[int, int]:
-        start = self._start(node)
-        return start.line, start.column
+    def position(self, node: cst.CSTNode) -> int:
+        """Where `node` is in source order (for comparing two nodes of this module)."""
+        return self.index.start[node]
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)

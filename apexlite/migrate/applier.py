@@ -1,9 +1,10 @@
 """Applying a migration's Plan to the tree it was made from, in one libcst pass.
 
 Only the paths from the module to the edited nodes are entered; every other subtree comes out as it
-went in. Comments above a removed statement move to the next one, a block left empty gets `pass`, a
-`try:` whose body the migration emptied (apex's import guard) goes with its ImportError handlers, and
-a run of statements is wrapped in a `with` header where the plan asks.
+went in. Comments above a removed statement move to the next one, and every comment inside code an edit
+removed or replaced comes back after what replaced it, with its exact text (apexlite.migrate.kept_comments);
+a block left empty gets `pass`, a `try:` whose body the migration emptied (apex's import guard) goes with
+its ImportError handlers, and a run of statements is wrapped in a `with` header where the plan asks.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 import libcst as cst
 
 from apexlite.migrate.edits import Plan, WithHeader, comment_line, statement, wrapped_comment
+from apexlite.migrate.kept_comments import lost_lines
 
 
 class Applier(cst.CSTTransformer):
@@ -24,6 +26,8 @@ class Applier(cst.CSTTransformer):
         self.wrap_starts = {first: (last, header) for first, last, header in plan.wraps}
         self.emptied: set = set()  # ids of the `pass` statements put in blocks this pass emptied
         self.on_paths = self._paths_to_edits()
+        self.default_indent = plan.analysis.module.default_indent
+        self.lost: dict = {}  # original statement -> comment lines of expressions replaced inside it
 
     def _paths_to_edits(self) -> set:
         edited = [*self.plan.expressions, *self.plan.small, *self.plan.statements, *self.plan.comments,
@@ -42,9 +46,11 @@ class Applier(cst.CSTTransformer):
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
         edit = self.plan.expressions.get(original_node)
         if edit is not None:
-            return edit(updated_node)
+            replacement = edit(updated_node)
+            self._keep_lost(original_node, [updated_node], [replacement])
+            return replacement
         if isinstance(original_node, (cst.Module, cst.IndentedBlock)):
-            body, left = self._block(original_node.body, updated_node.body)
+            body, left = self._block(original_node, updated_node.body)
             if not body and isinstance(original_node, cst.IndentedBlock):
                 filler = cst.Pass()
                 self.emptied.add(id(filler))
@@ -85,26 +91,46 @@ class Applier(cst.CSTTransformer):
         leading = list(updated.leading_lines)
         trailing = updated.trailing_whitespace
         if kept is None and trailing.comment is not None:  # the statement is gone: its comment goes above
-            leading.append(comment_line(trailing.comment.value))
+            leading.append(comment_line(trailing.comment))
             trailing = cst.TrailingWhitespace()
         index = len(lines) - 1 if kept is None else kept
         lines[index] = lines[index].with_changes(trailing_whitespace=trailing)
         lines[0] = lines[0].with_changes(leading_lines=leading)
         return lines
 
-    def _block(self, originals: Sequence[cst.BaseStatement],
+    def _indent(self, block: cst.CSTNode) -> str:
+        """The indentation a block's statements render at (the module's: none)."""
+        blocks = [block, *self.plan.analysis.ancestors(block)]
+        return "".join(self.default_indent if node.indent is None else node.indent
+                       for node in reversed(blocks) if isinstance(node, cst.IndentedBlock))
+
+    def _keep_lost(self, original: cst.CSTNode, removed: Sequence[cst.CSTNode],
+                   produced: Sequence[cst.CSTNode]) -> None:
+        """Note the comment lines an expression edit inside `original`'s statement dropped."""
+        holder = self.plan.analysis.statement_of(original)
+        lines = lost_lines(removed, produced, self._indent(self.plan.analysis.block_of(holder)), self.default_indent)
+        if lines:
+            self.lost.setdefault(holder, []).extend(lines)
+
+    def _block(self, block: cst.CSTNode,
                updated: Sequence[cst.BaseStatement]) -> Tuple[List[cst.BaseStatement], List[cst.EmptyLine]]:
         """The block's new statements, and the comment lines of removed statements left at its end."""
         out: List[cst.BaseStatement] = []
-        carried: List[cst.EmptyLine] = []  # lines above statements that were removed
+        carried: List[cst.EmptyLine] = []  # lines above statements that were removed, and lines they held
         wrapping: Optional[Tuple[cst.BaseStatement, WithHeader, List[cst.BaseStatement]]] = None
-        for original, new in zip(originals, updated):
-            produced = self._statement(original, new)
+        indent = None
+        for original, new in zip(block.body, updated):
+            produced, replaced = self._statement(original, new)
+            lost: List[cst.EmptyLine] = list(self.lost.pop(original, ()))
+            if replaced:
+                indent = self._indent(block) if indent is None else indent
+                lost += lost_lines([new.with_changes(leading_lines=())], produced, indent, self.default_indent)
             if not produced:
-                carried.extend([*new.leading_lines, *self._comment_lines(original, ()), *_inner_comments(new)])
-            elif carried:
+                carried.extend([*new.leading_lines, *self._comment_lines(original, ()), *lost])
+                continue
+            if carried:
                 produced[0] = produced[0].with_changes(leading_lines=_merge_leading(carried, produced[0].leading_lines))
-                carried = []
+            carried = lost
             if original in self.wrap_starts and wrapping is None:
                 last, header = self.wrap_starts[original]
                 wrapping = (last, header, [])
@@ -126,8 +152,12 @@ class Applier(cst.CSTTransformer):
                 out.extend(comment_line(line) for line in lines)
         return out
 
-    def _statement(self, original: cst.BaseStatement, new: cst.BaseStatement) -> List[cst.BaseStatement]:
+    def _statement(self, original: cst.BaseStatement,
+                   new: cst.BaseStatement) -> Tuple[List[cst.BaseStatement], bool]:
+        """The statements `new` becomes, and whether any of its own code was replaced or removed (so comments
+        it held may need keeping)."""
         edit = self.plan.statements.get(original)
+        replaced = True
         if edit is not None:
             produced = list(edit(new))
             if produced:
@@ -135,11 +165,12 @@ class Applier(cst.CSTTransformer):
                     leading_lines=[*new.leading_lines, *produced[0].leading_lines])
         elif isinstance(original, cst.SimpleStatementLine):
             produced = self._line(original, new)
+            replaced = not (len(produced) == 1 and produced[0] is new)
         elif self._emptied_if(new):
             produced = []
         else:
             dead = self._dead_try(original, new) if isinstance(new, cst.Try) else None
-            produced = [new] if dead is None else dead
+            produced, replaced = ([new], False) if dead is None else (dead, True)
         inserted = [statement(code + "\n") for code in self.plan.before.get(original, ())]
         if inserted:
             if produced:
@@ -151,7 +182,7 @@ class Applier(cst.CSTTransformer):
         if produced:
             lines = produced[0].leading_lines
             produced[0] = produced[0].with_changes(leading_lines=[*lines, *self._comment_lines(original, lines)])
-        return produced
+        return produced, replaced
 
     def _is_filler(self, body: cst.BaseSuite) -> bool:
         """Whether `body` is only the `pass` this pass put in a block it emptied."""
@@ -178,20 +209,6 @@ class Applier(cst.CSTTransformer):
             return None
         return [line.with_changes(leading_lines=new.leading_lines) if index == 0 else line
                 for index, line in enumerate(kept)]
-
-
-def _inner_comments(removed: cst.BaseStatement) -> List[cst.EmptyLine]:
-    """The comment lines inside a compound statement migrate removed (they stay, above the next one)."""
-    return [line for node in _walk_lines(removed) for line in node if line.comment is not None]
-
-
-def _walk_lines(node: cst.CSTNode):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if current is not node and isinstance(current, cst.BaseStatement):
-            yield current.leading_lines
-        stack.extend(reversed(current.children))
 
 
 def _catches_import_error(handler: cst.ExceptHandler) -> bool:

@@ -15,22 +15,25 @@ import argparse
 import difflib
 import io
 import os
+import stat
 import sys
 import tokenize
 from typing import Dict, List, Tuple
 
 from apexlite.help_text import HelpFormatter
+from apexlite.script_source import file_kind
 from apexlite.switches import help_section
 from apexlite.wording import counted
 
 INSTALL_HINT = "apexlite migrate needs libcst: pip install 'apexlite[migrate]'"
 EXIT_STATUSES = (
-    (0, "migrated completely, or nothing to migrate (and --verify found it trains like the original)"),
+    (0, "migrated completely (to native torch.amp, or kept on apexlite: O2's amp, reported as such), or nothing "
+        "to migrate (and --verify found it trains like the original)"),
     (1, "TODOs were left, a rewrite was refused as unsound (the original is kept), or --verify disagreed"),
     (2, "bad input (missing, not a regular file, not Python source nor a Python notebook) or bad options, "
         "or libcst is missing"),
-    (3, "an output could not be written (permissions, a read-only folder, a full disk); what was not written "
-        "is unchanged"),
+    (3, "an output could not be written (permissions, a read-only folder, a full disk, a destination that is not "
+        "a regular file: a device, FIFO, socket or directory); what was not written is unchanged"),
 )
 WRITE_FAILED_STATUS = 3
 DEFAULT_MAX_STEPS = 20
@@ -137,8 +140,10 @@ def main(argv: List[str]) -> int:
         sys.stderr.write("apexlite migrate: --verify runs one script: name one file\n")
         return 2
     if found.several and args.output and os.path.exists(args.output) and not os.path.isdir(args.output):
+        kind = os.stat(args.output).st_mode
+        what = "a file" if stat.S_ISREG(kind) else file_kind(kind)
         sys.stderr.write(f"apexlite migrate: -o {args.output}: with several files or a folder, -o names a folder "
-                         "(this is a file)\n")
+                         f"(this is {what}); nothing written\n")
         return 2
     files = [load(target) for target in found.targets]
     options = migrate_options(args)

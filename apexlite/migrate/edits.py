@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple, Union
 
 import libcst as cst
 
@@ -92,6 +92,11 @@ class Plan:
     def wrap(self, first: cst.BaseStatement, last: cst.BaseStatement, header: WithHeader) -> None:
         self.wraps.append((first, last, header))
 
+    @property
+    def has_edits(self) -> bool:
+        """Whether applying the plan changes anything."""
+        return bool(self.expressions or self.small or self.statements or self.wraps or self.before or self.comments)
+
     def is_handled(self, node: cst.CSTNode) -> bool:
         return id(node) in self.handled
 
@@ -141,8 +146,11 @@ def wrapped_comment(text: str) -> List[str]:
         " ".join(body[1:]), COMMENT_WIDTH - 6, break_long_words=False, break_on_hyphens=False)]
 
 
-def comment_line(text: str) -> cst.EmptyLine:
-    return cst.EmptyLine(indent=True, whitespace=cst.SimpleWhitespace(""), comment=cst.Comment(text))
+def comment_line(comment: Union[str, cst.Comment]) -> cst.EmptyLine:
+    """A comment line at the block's indentation; a Comment node passed in is kept (the same node), so the
+    comment is known to have survived the edit that moved it."""
+    node = comment if isinstance(comment, cst.Comment) else cst.Comment(comment)
+    return cst.EmptyLine(indent=True, whitespace=cst.SimpleWhitespace(""), comment=node)
 
 
 def statement(code: str) -> cst.BaseStatement:

@@ -1,26 +1,31 @@
 """The migration of one script, or of files together, source bytes in, source bytes out.
 
-1. parse and analyse (apexlite.migrate.analysis); 2. plan: the amp part (all or nothing, across the
-files one amp.initialize reaches: apexlite.migrate.reach), the optimizer/parallel/normalization
-replacements, then the leftovers (apexlite.migrate.leftovers); 3. apply the plan; 4. the import pass on
-a fresh parse of the result; 5. the result must compile, read no name it does not define, and leave no
-name undefined on a path where the original defined it (apexlite.migrate.soundness): else the amp part
-goes back to the user as a TODO, or the original is kept, with the reason; 6. `check`
-(apexlite.check.scan) says what of apex is left. Bytes the plan does not touch come out exactly as they
-went in (libcst's round trip).
+0. (files together) group them into programs by their imports (apexlite.migrate.programs); then per
+program: 1. parse and analyse (apexlite.migrate.analysis); 2. plan: the amp part (all or nothing, across
+the files one amp.initialize reaches: apexlite.migrate.reach), the optimizer/parallel/normalization
+replacements, then the leftovers (apexlite.migrate.leftovers); 3. apply the plan; 4. the import pass,
+from what the result reads (apexlite.migrate.usage), applied with the plan; 5. the result must compile,
+read no name it does not define, and leave no name undefined on a path where the original defined it
+(apexlite.migrate.soundness): else the amp part goes back to the user as a TODO, or the original is
+kept, with the reason; 6. `check` (apexlite.check.scan) says what of apex is left. Bytes the plan does
+not touch come out exactly as they went in (libcst's round trip; comments inside replaced code are kept:
+apexlite.migrate.kept_comments).
 """
 from __future__ import annotations
 
 import ast
+import builtins
+import gc
 import importlib.util
 import os
 import symtable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Set, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Set, Tuple
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ScopeProvider
+from libcst.metadata import MetadataWrapper
 
 from apexlite import check
 from apexlite.migrate import apis
@@ -29,13 +34,17 @@ from apexlite.migrate.analysis import Analysis, parse
 from apexlite.migrate.applier import Applier
 from apexlite.migrate.device import CPU, CUDA, RUNTIME, detect
 from apexlite.migrate.edits import TODO_PREFIX, Plan, Todo, wrapped_comment
-from apexlite.migrate.imports import ImportPlanner
+from apexlite.migrate.imports import ImportPlanner, with_imports
 from apexlite.migrate.leftovers import plan_leftovers
 from apexlite.migrate.initialize import KEEP, AmpSetup
 from apexlite.migrate.options import MigrateOptions
+from apexlite.migrate.programs import FileFacts, ImportGraph, mentions_apex, python_tree, read_facts
 from apexlite.migrate.reach import Resolver, module_resolver
 from apexlite.migrate.replacements import plan_replacements
 from apexlite.migrate.soundness import undefined_reads
+from apexlite.migrate.usage import symbols_of, usage_of
+
+_BUILTINS = frozenset(dir(builtins))
 
 
 @dataclass
@@ -66,6 +75,21 @@ class MigrationResult:
         return 1 if self.todos or self.error else 0
 
 
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Python's cycle collector paused while one file or program is migrated: libcst builds hundreds of
+    thousands of live nodes, and each full collection walks them all, which made the cost grow faster
+    than the file (a 20,000-line script: 24 CPU s with it, 18 without, the same peak memory). The
+    objects are collected as usual once it runs again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _compiles(source: bytes) -> Optional[str]:
     try:
         compile(source, "<migrated>", "exec", dont_inherit=True)
@@ -74,72 +98,59 @@ def _compiles(source: bytes) -> Optional[str]:
     return None
 
 
-def _unbound_names(wrapper: MetadataWrapper) -> Set[str]:
-    """Names the module reads without any binding before them (builtins are bound), in libcst's scopes."""
-    names: Set[str] = set()
-    for scope in set(wrapper.resolve(ScopeProvider).values()):
-        if scope is None:
-            continue
-        names.update(access.node.value for access in scope.accesses
-                     if not access.referents and isinstance(access.node, cst.Name))
-    return names
-
-
 def _symbols(source: bytes) -> Tuple[Set[str], Set[str]]:
-    """(names read and bound nowhere, names imported at module level), from Python's symbol tables: order
-    does not matter to them, which is all a check of the import pass needs (it only edits imports)."""
+    """(names read and bound nowhere, builtins aside; names imported at module level), from Python's symbol
+    tables: order does not matter to them (the flow check, soundness.undefined_reads, sees order)."""
     top = symtable.symtable(importlib.util.decode_source(source), "<migrate>", "exec")
     tables, bound, read = [top], set(), set()
     while tables:
         table = tables.pop()
         tables.extend(table.get_children())
-        for symbol in table.get_symbols():
+        for symbol in symbols_of(table):
             name = symbol.get_name()
             if table is top or symbol.is_declared_global():
-                if symbol.is_assigned() or symbol.is_imported() or symbol.is_namespace():
+                if symbol.is_assigned() or symbol.is_imported():
                     bound.add(name)
                 if symbol.is_referenced():
                     read.add(name)
             elif symbol.is_global() and symbol.is_referenced():  # read in a function or class, bound nowhere in it
                 read.add(name)
-    imported = {symbol.get_name() for symbol in top.get_symbols() if symbol.is_imported()}
-    return read - bound, imported
+    imported = {symbol.get_name() for symbol in symbols_of(top) if symbol.is_imported()}
+    return read - bound - _BUILTINS, imported
 
 
 @dataclass
 class _Applied:
-    """One file's rewrite: the first pass's output, its libcst scopes (computed for the import pass anyway)
-    and the end result."""
+    """One file's rewrite: the first pass's output (without the import edits) and the end result."""
 
     first: bytes
-    first_wrapper: MetadataWrapper
     migrated: bytes
 
 
-def _lost_names(unbound: Set[str], applied: _Applied) -> Set[str]:
-    """Names the migrated script reads without defining them where the original (whose unbound names are
-    `unbound`) defined them. The rewrite (source -> first) is checked in libcst's scopes, already computed
-    for the import pass; the import pass (first -> migrated), which only edits imports, by the symbol
-    tables, without another libcst parse."""
-    if _compiles(applied.first) is not None:  # check the end result itself
-        return _unbound_names(MetadataWrapper(cst.parse_module(applied.migrated))) - unbound
+def _lost_names(source: bytes, unsure: Set[str], applied: _Applied) -> Set[str]:
+    """Names the migrated script reads and binds nowhere where the original bound them before every read
+    (`unsure`: names some path of the original reads undefined), the rewrite (source -> first) and the
+    import pass (first -> migrated) apart, so the `import torch` that pass adds cannot hide a name the
+    rewrite lost."""
     (unbound_first, imported_first), (unbound_migrated, imported_migrated) = (_symbols(applied.first),
                                                                               _symbols(applied.migrated))
     added = imported_migrated - imported_first  # `import torch`, added by the import pass before any use
-    return (_unbound_names(applied.first_wrapper) - unbound - added) | (unbound_migrated - unbound_first)
+    return (unbound_first - _symbols(source)[0] - unsure - added) | (unbound_migrated - unbound_first)
 
 
 def _todo_lines(code: bytes, todos: List[Todo]) -> List[int]:
-    """The line of each TODO's comment in `code` (0 when it is not there: the original was kept)."""
-    text = code.decode("utf-8", "replace").splitlines()
-    used: set = set()
+    """The line of each TODO's comment in `code` (0 when it is not there: the original was kept); TODOs
+    with the same first line take those lines in order."""
+    lines: Dict[str, List[int]] = {}
+    for number, content in enumerate(code.decode("utf-8", "replace").splitlines(), start=1):
+        if content.lstrip().startswith(TODO_PREFIX):
+            lines.setdefault(content.strip(), []).append(number)
+    for numbers in lines.values():
+        numbers.reverse()
     found = []
     for todo in todos:
-        wanted = wrapped_comment(TODO_PREFIX + todo.message)[0]
-        line = next((number for number, content in enumerate(text, start=1)
-                     if number not in used and content.strip() == wanted), 0)
-        used.add(line)
-        found.append(line)
+        numbers = lines.get(wrapped_comment(TODO_PREFIX + todo.message)[0])
+        found.append(numbers.pop() if numbers else 0)
     return found
 
 
@@ -149,18 +160,7 @@ class _Group:
 
     keys: List[Path]
     home: Optional[Path]
-    elsewhere: str = ""  # where amp.initialize is called in other files, when that is ambiguous
-
-
-def _groups(parsed: Dict[Path, Tuple[MetadataWrapper, Analysis]]) -> List[_Group]:
-    """One group for all files when exactly one calls amp.initialize (once); else each file alone."""
-    calls = [(key, use.line) for key, (_, analysis) in parsed.items() for use in analysis.uses_of(apis.INITIALIZE)]
-    if len(calls) == 1:
-        return [_Group(list(parsed), calls[0][0])]
-    shown = _shown(list(parsed))
-    elsewhere = ", ".join(f"{shown(key)}:{line}" for key, line in calls)
-    homes = {key for key, _ in calls}
-    return [_Group([key], key if key in homes else None, "" if key in homes else elsewhere) for key in parsed]
+    elsewhere: str = ""  # where amp.initialize is called in the programs of these files, when that is ambiguous
 
 
 def _device(analyses: List[Analysis]) -> str:
@@ -200,10 +200,16 @@ def _shown(keys: List[Path]):
 
 
 def _apply(wrapper: MetadataWrapper, plan: Plan, setup: Optional[AmpSetup]) -> _Applied:
-    first = wrapper.visit(Applier(plan)).bytes
-    second_wrapper, second_analysis = parse(first)
-    imports = ImportPlanner(second_analysis, keep_amp=setup is not None and setup.recipe == KEEP)
-    return _Applied(first, second_wrapper, second_wrapper.visit(Applier(imports.plan_all(plan.needs_torch))).bytes)
+    """The plan applied, then again with the import edits its result calls for (one more pass over the
+    original tree: its import statements are the first result's)."""
+    first = wrapper.visit(Applier(plan)).bytes if plan.has_edits else wrapper.module.bytes
+    usage = usage_of(first)
+    if usage is None:  # the rewrite does not compile: the soundness check refuses it, imports or not
+        return _Applied(first, first)
+    imports = ImportPlanner(plan.analysis, setup is not None and setup.recipe == KEEP, usage).plan_all(plan.needs_torch)
+    if not imports.has_edits:
+        return _Applied(first, first)
+    return _Applied(first, wrapper.visit(Applier(with_imports(plan, imports))).bytes)
 
 
 def _soundness_error(wrapper: MetadataWrapper, source: bytes, applied: _Applied) -> Tuple[Optional[str], List[str]]:
@@ -211,16 +217,18 @@ def _soundness_error(wrapper: MetadataWrapper, source: bytes, applied: _Applied)
     migrated = applied.migrated
     if migrated == source:
         return None, []
-    error = _compiles(migrated) if _compiles(source) is None else None
+    error = _compiles(migrated)
+    if error is not None and _compiles(source) is not None:  # the original did not compile either
+        error = None
     if error is not None:
         return error, []
-    lost = _lost_names(_unbound_names(wrapper), applied)
+    before = undefined_reads(source)
+    lost = _lost_names(source, {name for _, name in before}, applied)
     # a lost name bound somewhere is only read before its binding: the flow check below reports it
     never_bound = lost & _symbols(migrated)[0] if lost else set()
     if never_bound:
         return (f"it would read {', '.join(sorted(never_bound))} without defining it (a migrate bug: please "
                 "report it)"), []
-    before = undefined_reads(source)
     partial = sorted({name for (scope, name) in undefined_reads(migrated) if (scope, name) not in before})
     if partial:
         return f"it would read {', '.join(partial)} where some path leaves it undefined", partial
@@ -269,30 +277,14 @@ def _result(source: bytes, migrated: bytes, plan: Plan, setup: Optional[AmpSetup
     return result
 
 
-def _mentions_apex(source: bytes) -> bool:
-    """Whether any apex root can be named in `source`: an import of one needs its name in the text."""
-    return any(root.encode() in source for root in apis.ROOTS)
-
-
-def _untouched(source: bytes) -> Optional[MigrationResult]:
+def _untouched(source: bytes, tree: Optional[ast.Module] = None) -> Optional[MigrationResult]:
     """The result for a source migrate has nothing to do with (no apex named, valid Python), without a
     libcst parse: the full pipeline would give the same (nothing to rewrite, nothing left for `check`
     beyond what it finds here)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    tree = python_tree(source) if tree is None else tree
+    if tree is None:
         return None  # the full pipeline says why
     return MigrationResult(source, source, remaining=check.scan(tree))
-
-
-def _reachable(sources: Mapping[Path, bytes]) -> Set[Path]:
-    """The files the joint migration must parse: those naming apex, and those that could import one of them
-    (their text names its module or package); any other file can neither use amp nor receive its
-    GradScaler, so it comes out unchanged without a libcst parse (most of a large repository)."""
-    apex_files = {key for key, source in sources.items() if _mentions_apex(source)}
-    names = {part for key in apex_files for part in (key.stem, key.parent.name) if part and part != "__init__"}
-    encoded = [name.encode() for name in names]
-    return apex_files | {key for key, source in sources.items() if any(name in source for name in encoded)}
 
 
 def _unreadable(source: bytes, why: str) -> MigrationResult:
@@ -305,45 +297,68 @@ def migrate_source(source: bytes, options: MigrateOptions = MigrateOptions()) ->
     The rewrite must compile, read no name it does not define, and leave no name undefined on a path
     where the original defined it. When the amp part breaks the last rule it is left to the user (a TODO
     at amp.initialize) and the rest is migrated; any other failure keeps the original, with the reason."""
-    if not _mentions_apex(source):
+    if not mentions_apex(source):
         untouched = _untouched(source)
         if untouched is not None:
             return untouched
     key = Path("<script>")
-    parsed = {key: parse(source)}
-    return _migrate_group(parsed, {key: source}, _Group([key], key if parsed[key][1].uses_of(apis.INITIALIZE)
-                                                        else None), options, lambda importer, node: None)[key]
+    with _cyclic_gc_paused():
+        parsed = {key: parse(source)}
+        group = _Group([key], key if parsed[key][1].uses_of(apis.INITIALIZE) else None)
+        return _migrate_group(parsed, {key: source}, group, options, lambda importer, node: None)[key]
 
 
 def migrate_sources(sources: Mapping[Path, bytes],
                     options: MigrateOptions = MigrateOptions()) -> Dict[Path, MigrationResult]:
-    """Migrate files jointly (a repository): where amp.initialize is in one file and its optimizers are
-    used in others (a `train()` called with them, `from train import optimizer`), the GradScaler is made
-    beside amp.initialize and reaches them the way the optimizer does; where it cannot, each file's amp
-    part stays, with TODOs naming the other file and line. A file libcst cannot read keeps its bytes, with
+    """Migrate files jointly (a repository), program by program (apexlite.migrate.programs): where
+    amp.initialize is in one file and its optimizers are used in others of its program (a `train()` called
+    with them, `from train import optimizer`), the GradScaler is made beside amp.initialize and reaches them
+    the way the optimizer does; where it cannot, each file's amp part stays, with TODOs naming the other
+    file and line. Only the files a migration can change are parsed with libcst, one group at a time, so
+    memory follows the largest group, not the repository. A file libcst cannot read keeps its bytes, with
     the reason as its error and `unreadable` set."""
-    parsed: Dict[Path, Tuple[MetadataWrapper, Analysis]] = {}
+    facts: Dict[Path, Optional[FileFacts]] = {}
     results: Dict[Path, MigrationResult] = {}
-    reachable = _reachable(sources)
+    for key, source in sources.items():  # one Python parse per file, dropped at once
+        tree = python_tree(source)
+        facts[key] = read_facts(source, tree) if tree is not None else None
+        if tree is not None and not facts[key].apex:
+            results[key] = _untouched(source, tree)
+    broken = [key for key, found in facts.items() if found is None]
+    graph = ImportGraph({key: found for key, found in facts.items() if found is not None})
+    shown = _shown(list(sources))
+    groups = [_Group(group.keys, group.home, ", ".join(f"{shown(key)}:{line}" for key, line in group.initialize_calls))
+              for group in graph.groups()] + [_Group([key], None) for key in broken]
+    del facts, graph
+    for group in groups:
+        with _cyclic_gc_paused():
+            results.update(_migrate_parsed_group(sources, group, options))
     for key, source in sources.items():
-        untouched = None if key in reachable else _untouched(source)
-        if untouched is not None:
-            results[key] = untouched
-            continue
-        try:
-            parsed[key] = parse(source)
-        except cst.ParserSyntaxError as error:
-            results[key] = _unreadable(source, f"libcst cannot parse it: {error.message} (line {error.raw_line})")
-        except RecursionError:
-            results[key] = _unreadable(source, "it is nested too deeply to rewrite")
-    resolve = module_resolver(list(parsed))
-    for group in _groups(parsed):
-        try:
-            results.update(_migrate_group(parsed, sources, group, options, resolve))
-        except RecursionError:
-            results.update({key: _unreadable(sources[key], "it is nested too deeply to rewrite")
-                            for key in group.keys})
+        if key not in results:
+            results[key] = _untouched(source) or MigrationResult(source, source)
     return {key: results[key] for key in sources}
+
+
+def _migrate_parsed_group(sources: Mapping[Path, bytes], group: _Group,
+                          options: MigrateOptions) -> Dict[Path, MigrationResult]:
+    """Parse a group's files with libcst and migrate them; a file libcst cannot read is left out, unreadable."""
+    results: Dict[Path, MigrationResult] = {}
+    parsed: Dict[Path, Tuple[MetadataWrapper, Analysis]] = {}
+    for key in group.keys:
+        try:
+            parsed[key] = parse(sources[key])
+        except cst.ParserSyntaxError as error:
+            results[key] = _unreadable(sources[key], f"libcst cannot parse it: {error.message} (line {error.raw_line})")
+        except RecursionError:
+            results[key] = _unreadable(sources[key], "it is nested too deeply to rewrite")
+    group.keys = [key for key in group.keys if key in parsed]
+    if group.home not in parsed:
+        group.home = None
+    try:
+        results.update(_migrate_group(parsed, sources, group, options, module_resolver(list(parsed))))
+    except RecursionError:
+        results.update({key: _unreadable(sources[key], "it is nested too deeply to rewrite") for key in group.keys})
+    return results
 
 
 def _flag_order(item: Tuple[str, str]) -> int:

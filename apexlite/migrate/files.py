@@ -19,6 +19,7 @@ from apexlite.script_source import ScriptSourceError
 
 
 MIGRATED, TODOS, NOT_REWRITTEN, UNCHANGED, REFUSED = "migrated", "TODOs", "not rewritten", "unchanged", "refused"
+KEPT = "kept on apexlite"  # complete, but amp stays (O2), imported from apexlite: not native torch.amp
 BAD_INPUT_STATUS = 2
 
 
@@ -54,11 +55,14 @@ class FileMigration:
             return NOT_REWRITTEN
         if self.result.todos:
             return TODOS
+        if self.result.needs_apexlite:
+            return KEPT
         return MIGRATED if self.changed else UNCHANGED
 
     @property
     def exit_status(self) -> int:
-        """0 complete or nothing to do, 1 TODOs left or rewrite refused, 2 not read (see cli.EXIT_STATUSES)."""
+        """0 complete (native, or kept on apexlite) or nothing to do, 1 TODOs left or rewrite refused, 2 not
+        read (see cli.EXIT_STATUSES)."""
         if self.refusal is not None:
             return BAD_INPUT_STATUS
         return 1 if self.error is not None or self.result.todos else 0

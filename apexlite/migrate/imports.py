@@ -1,51 +1,56 @@
-"""The last pass, on the rewritten script: apex imports nothing uses any more go, amp kept for O2 is
-imported from apexlite by its real name, and `import torch` is added when the new code needs it.
+"""The last pass: apex imports nothing uses any more go, amp kept for O2 is imported from apexlite by its
+real name, and `import torch` is added when the new code needs it.
 
-It runs on a fresh parse of the rewritten code, so "still used" is what the migrated script reads, not
-what the original did: `from apex import amp` disappears exactly when no amp call is left.
+"Still used" is what the rewritten code reads, not what the original did: `from apex import amp`
+disappears exactly when no amp call is left. What the rewritten code reads comes from Python's parser and
+symbol tables of its text (apexlite.migrate.usage, cheap); the import edits are planned on the original
+tree, whose import statements the first pass leaves where they were (one for one, in order), and applied
+with the rest of the plan in one more pass over that tree, so the rewritten code is never parsed with
+libcst again.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import libcst as cst
-from libcst.metadata import ScopeProvider
 
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import Analysis, dotted_text
 from apexlite.migrate.edits import Plan, small_statement
+from apexlite.migrate.usage import Usage
 
 ImportNode = Union[cst.Import, cst.ImportFrom]
+
+
+def _imported_names(node: ImportNode) -> Tuple[str, ...]:
+    if isinstance(node.names, cst.ImportStar):
+        return ("*",)
+    return tuple(_alias_name(alias) for alias in node.names)
 
 
 def _alias_name(alias: cst.ImportAlias) -> str:
     return dotted_text(alias.name) or ""
 
 
-def _bound_names(alias: cst.ImportAlias) -> Tuple[str, ...]:
-    """The names an alias binds in libcst's scopes: `x` for `... as x`; `a`, `a.b` for `import a.b`."""
-    if alias.asname is not None:
-        return (dotted_text(alias.asname.name) or "",)
-    parts = _alias_name(alias).split(".")
-    return tuple(".".join(parts[:depth]) for depth in range(1, len(parts) + 1))
-
-
 class ImportPlanner:
-    """Plans the import edits of the rewritten module."""
+    """Plans the import edits, on the original tree, for the rewritten code whose Usage is given."""
 
-    def __init__(self, analysis: Analysis, keep_amp: bool) -> None:
+    def __init__(self, analysis: Analysis, keep_amp: bool, usage: Usage) -> None:
         self.analysis = analysis
         self.plan = Plan(analysis)
         self.keep_amp = keep_amp
-        self.star_used = {use.bound.rsplit(".", 1)[0] for use in analysis.uses if use.star}
+        self.usage = usage
+        nodes = list(analysis.nodes((cst.Import, cst.ImportFrom)))
+        matched = len(nodes) == len(usage.imports) and all(
+            _imported_names(node) == found.names for node, found in zip(nodes, usage.imports))
+        self.used = {node: found.used for node, found in zip(nodes, usage.imports)} if matched else {}
 
     def _used(self, node: ImportNode, alias: cst.ImportAlias) -> bool:
-        """Whether anything reads a name this alias of `node` binds."""
-        scope = self.analysis.get_metadata(ScopeProvider, node, None)
-        if scope is None:
-            return True
-        return any(assignment.references for name in _bound_names(alias) for assignment in scope.assignments[name]
-                   if getattr(assignment, "node", None) is node)
+        """Whether the rewritten code reads the name this alias binds, where it binds it (when the import
+        statements could not be matched to the rewritten code's, every one counts as used: nothing goes)."""
+        used = self.used.get(node)
+        return True if used is None else used[list(node.names).index(alias)]
 
     def _module(self, node: cst.ImportFrom) -> Optional[str]:
         if node.relative or node.module is None:
@@ -80,7 +85,7 @@ class ImportPlanner:
         if module is None or not apis.is_apex_name(module):
             return None
         if isinstance(node.names, cst.ImportStar):
-            return None if module in self.star_used else []
+            return None if self.usage.read & set(apis.star_names(module)) else []
         kept, moved = [], []
         changed = False
         for alias in node.names:
@@ -101,6 +106,7 @@ class ImportPlanner:
         return ([f"from {module} import {', '.join(kept)}"] if kept else []) + moved
 
     def plan_all(self, needs_torch: bool) -> Plan:
+        """The import edits alone (keyed by the original tree's nodes)."""
         rewrites: Dict[cst.BaseSmallStatement, List[str]] = {}
         for node in self.analysis.nodes((cst.Import, cst.ImportFrom)):
             new = self._rewrite_import(node) if isinstance(node, cst.Import) else self._rewrite_from(node)
@@ -116,8 +122,7 @@ class ImportPlanner:
         return self.plan
 
     def _torch_bound(self) -> bool:
-        scope = self.analysis.get_metadata(ScopeProvider, self.analysis.module, None)
-        return scope is not None and bool(scope.assignments["torch"])
+        return "torch" in self.usage.module_bound
 
     def _torch_anchor(self) -> Union[cst.BaseSmallStatement, cst.BaseStatement, None]:
         """Where `import torch` goes: before the module's first import (after `__future__` ones), else before
@@ -151,3 +156,22 @@ def _edit(codes: Optional[Sequence[str]], with_torch: bool):
         return ([small_statement("import torch")] if with_torch else []) + produced
 
     return edit
+
+
+def with_imports(plan: Plan, imports: Plan) -> Plan:
+    """`plan` and the import edits in one plan (a copy). Only `import torch`, put before a statement the
+    first pass also edits (a `from train import optimizer` that now imports the GradScaler too), meets
+    another edit: then it goes before that edit's statements."""
+    combined = replace(plan, small=dict(plan.small), statements=dict(plan.statements))
+    for node, edit in imports.small.items():
+        earlier = combined.small.get(node)
+        combined.small[node] = edit if earlier is None else _torch_before(earlier)
+    for node, statement_edit in imports.statements.items():
+        earlier_statement = combined.statements.get(node)
+        combined.statements[node] = statement_edit if earlier_statement is None else (
+            lambda updated, earlier=earlier_statement: [cst.parse_statement("import torch\n"), *earlier(updated)])
+    return combined
+
+
+def _torch_before(edit):
+    return lambda updated: [small_statement("import torch"), *edit(updated)]

@@ -66,6 +66,7 @@ class AmpSetup:
     guard: Guard = field(default_factory=Guard)  # the `if`s amp.initialize runs under
     anchor: Optional[cst.CSTNode] = None  # where migrate's comments about the call go
     flags: List[cst.BaseExpression] = field(default_factory=list)  # what `enabled` reads: the tests, enabled=
+    scaler_names: List[str] = field(default_factory=list)  # the GradScalers the migration made
 
     @property
     def scaled(self) -> bool:

@@ -19,6 +19,7 @@ import libcst as cst
 
 from apexlite.migrate.analysis import Analysis, dotted_text
 from apexlite.migrate.edits import Plan
+from apexlite.migrate.programs import ModuleIndex
 
 Key = Path
 
@@ -113,31 +114,16 @@ Resolver = Callable[[Key, cst.ImportFrom], Optional[Key]]
 
 
 def module_resolver(paths: Sequence[Key]) -> Resolver:
-    """Which of `paths` a `from X import ...` in one of them names: a relative import by the importer's
-    folder, an absolute one by the dotted path's ending (`models.train` is .../models/train.py or
-    .../models/train/__init__.py); None when no file, or more than one, fits."""
-    by_suffix: Dict[str, Set[Key]] = {}
-    for path in paths:
-        parts = list(path.with_suffix("").parts)
-        if parts and parts[-1] == "__init__":
-            parts = parts[:-1]
-        for start in range(len(parts)):
-            by_suffix.setdefault(".".join(parts[start:]), set()).add(path)
-    known = set(paths)
+    """Which of `paths` a `from X import ...` in one of them names (apexlite.migrate.programs.ModuleIndex:
+    relative imports by the importer's folder, absolute ones by the dotted path's ending, the nearest root
+    above the importer when several fit); None when no file, or more than one, fits."""
+    index = ModuleIndex(paths)
 
     def resolve(importer: Key, node: cst.ImportFrom) -> Optional[Key]:
         module = dotted_text(node.module) if node.module is not None else None
         if module is None:
             return None
-        if node.relative:
-            base = importer.parent
-            for _ in range(len(node.relative) - 1):
-                base = base.parent
-            target = base.joinpath(*module.split("."))
-            matches = {path for path in (target.with_suffix(".py"), target / "__init__.py") if path in known}
-        else:
-            matches = by_suffix.get(module, set())
-        return next(iter(matches)) if len(matches) == 1 else None
+        return index.resolve(importer, module, len(node.relative))
 
     return resolve
 

@@ -11,6 +11,8 @@ from apexlite.wording import counted
 
 
 RECIPES = {AUTOCAST: "torch.autocast({dtype})", HALF: "the model in {dtype}", NONE: "fp32", KEEP: "amp kept from apexlite"}
+KEPT_REASON = ("amp stays, imported from apexlite, which the script now needs installed: torch.amp has no "
+               "fp32-master-weights recipe; --o2=bf16-autocast moves it to native bf16 autocast instead")
 
 
 def recipe(result: MigrationResult) -> str:
@@ -19,7 +21,7 @@ def recipe(result: MigrationResult) -> str:
     if setup is None:
         return ""
     what = RECIPES[setup.recipe].format(dtype=setup.dtype)
-    scaler = " + torch.amp.GradScaler" if setup.scaled else ""
+    scaler = " + torch.amp.GradScaler" if setup.scaler_names else ""
     return f"opt_level {setup.level}: {what}{scaler}"
 
 
@@ -42,6 +44,9 @@ def format_report(result: MigrationResult, script: str, shown_as: str,
     elif result.todos:
         details = "; ".join(filter(None, ["marked TODO(apexlite migrate)", how]))
         lines.append(f"apexlite migrate: {head}: {_places(len(result.todos))} ({details})")
+    elif result.needs_apexlite:
+        lines.append(f"apexlite migrate: {head}: kept on apexlite, not migrated to native torch.amp ({how})")
+        lines.append(f"  why: {KEPT_REASON}")
     else:
         lines.append(f"apexlite migrate: {head}: migrated completely" + (f" ({how})" if how else ""))
     for todo, line in zip(result.todos, result.todo_lines):
@@ -56,7 +61,7 @@ def format_report(result: MigrationResult, script: str, shown_as: str,
                      "choices the script makes at run time")
     for note in result.notes:
         lines.append(f"  note: {note}")
-    if result.needs_apexlite:
+    if result.needs_apexlite and result.todos:
         lines.append("  note: the migrated script imports apexlite (O2's amp), so it needs apexlite installed")
     lines.append(_check_line(result, locate))
     return "\n".join(lines) + "\n"

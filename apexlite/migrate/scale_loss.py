@@ -64,6 +64,7 @@ class ScaleLossPlanner:
         self.scalers: List[Scaler] = []
         self.scaler_of_loss: Dict[int, Scaler] = {}
         self.scaler_of_optimizer: Dict[int, Scaler] = {}
+        self.sites: List[Site] = []  # the scale_loss blocks tied to this amp.initialize
 
     def optimizer_name(self, index: int) -> str:
         return self.setup.optimizers[index]
@@ -133,7 +134,7 @@ class ScaleLossPlanner:
             for use in unit.analysis.uses_of(apis.SCALE_LOSS):
                 sites.append(self._read(unit, use))
                 unit.plan.handle(use.node)
-        sites = [site for site in sites if site is not None]
+        sites = self.sites = [site for site in sites if site is not None]
         if not sites:
             return
         if self.setup.scaled:
@@ -264,7 +265,7 @@ def _unwrap_edit(scaled_name: str, scaled: str):
             statements = [cst.parse_statement(f"{scaled_name} = {scaled}\n"), *statements]
         if header_comment is not None:
             first = statements[0]
-            statements[0] = first.with_changes(leading_lines=[*first.leading_lines, comment_line(header_comment.value)])
+            statements[0] = first.with_changes(leading_lines=[*first.leading_lines, comment_line(header_comment)])
         return statements
 
     return edit

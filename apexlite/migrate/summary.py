@@ -1,15 +1,16 @@
 """The report of a `migrate` run over several files: one row per file (its outcome, its TODOs, where it
-was written), every TODO by file and line, what the walk skipped, and the totals."""
+was written), every TODO by file and line, what the walk skipped, and the totals. Files that keep amp on
+apexlite (O2) are a row kind and a total of their own, with the reason, never counted as migrated."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from apexlite.migrate.files import MIGRATED, NOT_REWRITTEN, REFUSED, TODOS, UNCHANGED, FileMigration
-from apexlite.migrate.report import format_table, recipe
+from apexlite.migrate.files import KEPT, MIGRATED, NOT_REWRITTEN, REFUSED, TODOS, UNCHANGED, FileMigration
+from apexlite.migrate.report import KEPT_REASON, format_table, recipe
 from apexlite.script_paths import Collection, skipped_summary
 from apexlite.wording import counted
 
-OUTCOMES = (MIGRATED, TODOS, NOT_REWRITTEN, UNCHANGED, REFUSED)
+OUTCOMES = (MIGRATED, KEPT, TODOS, NOT_REWRITTEN, UNCHANGED, REFUSED)
 WRITE_FAILED = "write failed"
 
 
@@ -75,10 +76,13 @@ def format_summary(files: List[FileMigration], found: Collection, written: Dict[
     for item in files:
         lines += _todo_lines(item)
     lines += _rerun_line(files)
+    kept = [item.path for item in files if item.write_error is None and item.outcome == KEPT]
+    if kept:
+        lines.append(f"  kept on apexlite ({', '.join(kept)}): {KEPT_REASON}")
     for item in files:
         if item.result is not None:
             lines += [f"  note {item.path}: {note}" for note in item.result.notes]
-            if item.result.needs_apexlite:
+            if item.result.needs_apexlite and item.outcome != KEPT:
                 lines.append(f"  note {item.path}: it imports apexlite (O2's amp), so it needs apexlite installed")
     skipped = skipped_summary(found)
     if skipped:

@@ -4,11 +4,17 @@ The new content goes to a temporary file in the destination's own folder, which 
 destination: a reader sees the old file or the new one, never half of one, and a failure leaves the old
 file as it was. A symlink is written through (the file it points to gets the new content and the link
 stays a link). The destination's permission bits are kept; a new file gets the ones the umask gives.
+Only a regular file or a new path is ever replaced: a device node, a FIFO, a socket or a directory (named
+directly or through a symlink) is refused before anything is created, so `-o /dev/null` leaves the
+device as it was.
 """
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
+
+from apexlite.script_source import file_kind
 
 
 class WriteError(Exception):
@@ -21,11 +27,24 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
+def _refuse_special(path: str, real: str) -> None:
+    """WriteError unless `real` is a regular file or does not exist (lstat: `real` is already resolved)."""
+    try:
+        mode = os.lstat(real).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise WriteError(f"cannot write {path}: {error.strerror or error}; nothing written") from None
+    if not stat.S_ISREG(mode):
+        through = f" (through a symlink to {real})" if real != os.path.abspath(path) else ""
+        raise WriteError(f"cannot write {path}: it is {file_kind(mode)}{through}; migrate writes only onto a "
+                         "regular file or a new path; nothing written")
+
+
 def write_atomically(path: str, data: bytes, make_folders: bool = False) -> str:
     """Write `data` to `path` (through a symlink to its target); returns the file actually written."""
     real = os.path.realpath(path)
-    if os.path.isdir(real):
-        raise WriteError(f"cannot write {path}: it is a directory")
+    _refuse_special(path, real)
     folder = os.path.dirname(real) or "."
     try:
         if make_folders:
@@ -41,9 +60,12 @@ def write_atomically(path: str, data: bytes, make_folders: bool = False) -> str:
             out.flush()
             os.fsync(out.fileno())
         os.chmod(temporary, mode)
+        _refuse_special(path, real)  # it may have been replaced by something else while the data was written
         os.replace(temporary, real)
-    except OSError as error:
+    except (OSError, WriteError) as error:
         if os.path.exists(temporary):
             os.unlink(temporary)
+        if isinstance(error, WriteError):
+            raise
         raise WriteError(f"cannot write {path}: {error.strerror or error}; it is unchanged") from None
     return real

@@ -1,7 +1,8 @@
 """The engine's own checks: names a rewrite would read without defining them (the output is then refused:
-the rewrite checked in libcst's scopes, the import pass by Python's symbol tables); the shortcut for
-sources that never name apex."""
+the rewrite and the import pass each checked by Python's symbol tables, order by the flow check); the
+shortcut for sources that never name apex; the cycle collector left as it was found."""
 import builtins
+from pathlib import Path
 
 import pytest
 
@@ -70,7 +71,7 @@ def test_an_import_pass_that_drops_an_import_still_in_use_is_refused(monkeypatch
 
 
 def test_a_rewrite_reading_a_name_before_its_definition_is_refused(monkeypatch):
-    """Order matters to the rewrite's check (libcst's scopes): a use moved above its definition is caught."""
+    """Order matters to the rewrite's check (the flow check): a use moved above its definition is caught."""
     import libcst as cst
 
     planned = engine._plan
@@ -88,3 +89,20 @@ def test_a_rewrite_reading_a_name_before_its_definition_is_refused(monkeypatch):
     result = migrate_source(source)
     assert "it would read width where some path leaves it undefined" in result.error
     assert result.migrated == source
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_cycle_collector_is_left_as_it_was_found(enabled):
+    import gc
+
+    source = (Path(__file__).with_name("golden") / "o1_cuda.in.py").read_bytes()
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        migrate_source(source)
+        assert gc.isenabled() is enabled
+        with pytest.raises(Exception):
+            migrate_source(b"from apex import amp\ndef f(:\n")  # libcst refuses it inside the pause
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -61,7 +61,8 @@ def test_migrated_example_trains_like_the_original(tmp_path, name, options, scri
     out = tmp_path / name
     result = migrate(EXAMPLES / name, *options, "-o", out, "--verify", "--max-steps", steps, "--", *script_args)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "migrated completely" in result.stdout and "check: no apex APIs used" in result.stdout
+    outcome = "kept on apexlite, not migrated to native torch.amp" if needs_apexlite else "migrated completely"
+    assert outcome in result.stdout and "check: no apex APIs used" in result.stdout
     assert "apex imports refused in the migrated run: none attempted" in result.stdout
     assert "verdict: AGREE" in result.stdout, result.stdout
     assert ("from apexlite import amp" in out.read_text()) == needs_apexlite

@@ -86,11 +86,14 @@ OPTIONS = [MigrateOptions(), MigrateOptions(opt_level="O1"), MigrateOptions(o2="
 
 # Scripts hypothesis found (2026-11-26) where the rewrite would read a name before the line that now defines it
 # (the GradScaler's device, a clipped model) because the script uses it before amp.initialize: migrate gives
-# the amp part back as a TODO (exit 1) instead of refusing the file as its own bug.
+# the amp part back as a TODO (exit 1) instead of refusing the file as its own bug. The first had no
+# scale_loss, so migrate now stops earlier (it finds no forward pass to put under autocast: test_proof.py);
+# the forward pass and scale_loss added here keep it on the path this test is about.
 USE_BEFORE_INITIALIZE = [
     ("from apex import amp\ntorch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)\n"
-     "model = torch.nn.Linear(4, 4)\nmodel, optimizer = amp.initialize(model, optimizer, opt_level='O1')\n",
-     OPTIONS[0]),
+     "model = torch.nn.Linear(4, 4)\nmodel, optimizer = amp.initialize(model, optimizer, opt_level='O1')\n"
+     "loss = model(torch.randn(2, 4)).sum()\nwith amp.scale_loss(loss, optimizer) as scaled_loss:\n"
+     "    scaled_loss.backward()\noptimizer.step()\n", OPTIONS[0]),
     ("from apex import amp\nloss = model(torch.randn(2, 4)).sum()\n"
      "model, optimizer = amp.initialize(model, optimizer, opt_level='O2', loss_scale=128.0)\n"
      "with amp.scale_loss(loss, optimizer) as scaled_loss:\n    scaled_loss.backward()\n", OPTIONS[2]),

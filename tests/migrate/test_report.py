@@ -1,5 +1,6 @@
 """What migrate's report says: places left counted in words that fit the number, one parenthetical, the
 flags a second run needs, and the user's own file named under --diff (with the script's own lines)."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +49,32 @@ def test_diff_summary_on_the_command_line_names_the_users_file():
     assert f"apexlite migrate: {script}: 1 place left for you" in result.stderr
     assert f"  TODO {script}:11: opt_level is chosen at run time" in result.stderr
     assert f"b/{script}" not in result.stderr
+
+
+def test_o2_kept_on_apexlite_is_its_own_outcome_with_the_reason():
+    result, lines = _report("o2_keep")
+    assert result.exit_status == 0 and result.needs_apexlite and not result.todos
+    assert lines[0] == ("apexlite migrate: o2_keep.py -> out.py: kept on apexlite, not migrated to native torch.amp "
+                        "(opt_level O2: amp kept from apexlite)")
+    assert lines[1].startswith("  why: amp stays, imported from apexlite, which the script now needs installed: "
+                               "torch.amp has no fp32-master-weights recipe")
+    assert not any("migrated completely" in line for line in lines)
+
+
+def test_a_native_migration_is_never_reported_as_kept():
+    result, lines = _report("o1_cuda")
+    assert not result.needs_apexlite and "migrated completely" in lines[0] and "apexlite" not in lines[0][30:]
+
+
+def test_a_folder_counts_kept_files_apart_from_migrated_ones(tmp_path, capsys):
+    from apexlite.migrate import cli
+
+    for name, case in [("a_kept.py", "o2_keep"), ("b_native.py", "o1_cuda")]:
+        (tmp_path / name).write_bytes((GOLDEN / f"{case}.in.py").read_bytes())
+    assert cli.main([str(tmp_path)]) == 0  # both complete: README's exit status 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "apexlite migrate: 2 files: 1 migrated, 1 kept on apexlite"
+    assert re.fullmatch(rf"  {tmp_path / 'a_kept.py'}\s+kept on apexlite\s+0\s+opt_level O2: amp kept from apexlite",
+                        out[2])
+    assert re.fullmatch(rf"  {tmp_path / 'b_native.py'}\s+migrated\s+0\s+opt_level O1: torch.autocast.+", out[3])
+    assert f"  kept on apexlite ({tmp_path / 'a_kept.py'}): amp stays, imported from apexlite" in "\n".join(out)

@@ -111,8 +111,10 @@ def test_files_are_returned_in_order_and_an_unparsable_one_keeps_its_bytes():
 
 
 def test_files_without_a_shared_initialize_migrate_alone():
+    steps = ("loss = model(torch.randn(2, 4).cuda()).sum()\n        with amp.scale_loss(loss, optimizer) as scaled:\n"
+             "            scaled.backward()\n        optimizer.step()")
     other = MAIN.replace("from pkg.trainer import train\n", "").replace("train(loader, model, optimizer, epoch)",
-                                                                        "pass")
+                                                                        steps)
     results = migrate_sources(_sources({"a": other, "b": other}))
     assert all(result.exit_status == 0 for result in results.values())
 

@@ -9,7 +9,7 @@ args = parser.parse_args()
 model = torch.nn.Linear(4, 4)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 # apexlite migrate: amp.initialize (opt_level O1) became torch.autocast(float16) around the forward
-#     pass and the loss and torch.amp.GradScaler (scaler)
+#     pass and the loss and torch.amp.GradScaler (scaler), enabled when `args.amp` (its enabled=)
 scaler = torch.amp.GradScaler("cpu", enabled=args.amp)
 for _ in range(3):
     with torch.autocast(device_type="cpu", dtype=torch.float16, enabled=args.amp):

@@ -251,9 +251,9 @@ def test_an_output_file_for_several_inputs_is_refused(repo, tmp_path, capsys):
 def test_exit_statuses_are_documented_in_help(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
-    out = capsys.readouterr().out
+    words = " ".join(capsys.readouterr().out.split())  # help is wrapped to the terminal's width
     for code, meaning in cli.EXIT_STATUSES:
-        assert f"  {code}  {meaning}" in out
+        assert f"{code} {meaning}" in words
 
 
 @pytest.mark.slow

@@ -55,7 +55,7 @@ class InitializeTransaction:
             "from_initialize": session.from_initialize, "handle": session.handle,
         }
         # the registries stay the session's weak containers; their members are put back on rollback
-        self.optimizers_before = dict(session.optimizers)
+        self.optimizers_before = dict(session.optimizers.items())  # items() skips entries dying meanwhile
         self.models_before = session.models.items()
         self.scoped_before = session.scoped_models.items()
         state = session.cast_state

@@ -6,17 +6,19 @@ the low-precision params in param-group order) or as `master_param` in each half
 (O0/O1/O3), the masters are the best values the params can get, so they are copied into the params.
 When the list cannot be matched to the params without guessing, loading fails and says why.
 
-NOTE [masters dropped by a load before initialize]
-torch's `Optimizer.load_state_dict` keeps only `state` and `param_groups`, so an O2 checkpoint of a
-torch optimizer loaded before `amp.initialize` loses its masters without a word, and the run would
-resume from the low-precision model weights. Each param group of such a checkpoint therefore carries
-MASTERS_MARKER (a bool, which torch keeps in the live groups): `initialize` refuses an optimizer that
-holds it, naming the right order. apexlite's own loads strip it. Masters kept in per-param state
-(`master_param`, FusedAdam's format) survive torch's load and are restored at initialize.
+NOTE [masters carried through a load before initialize]
+torch's `Optimizer.load_state_dict` keeps only `state` and `param_groups`, so the MASTERS_KEY list of an O2
+checkpoint loaded before `amp.initialize` would be dropped without a word and the run would resume from the
+low-precision model weights. Each param group of such a checkpoint therefore also carries its own masters,
+in group order, under MASTERS_MARKER (the same tensors as in MASTERS_KEY, so a saved file holds them once):
+torch keeps that entry in the live groups, and `initialize` takes the masters from it (checked first against
+the group's params in count and shapes; refused, naming the right order, when they do not fit or an entry
+holds no masters). apexlite's own loads strip the entry. Masters kept in per-param state (`master_param`,
+FusedAdam's format) survive torch's load and are restored at initialize too.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -24,12 +26,13 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from apexlite.amp.errors import AmpUsageError
 
 MASTERS_KEY = "apexlite_master_params"
-MASTERS_MARKER = "apexlite_o2_masters"  # param-group key: the checkpoint carried fp32 masters under MASTERS_KEY
+MASTERS_MARKER = "apexlite_o2_masters"  # param-group key: that group's fp32 masters (NOTE above)
 
 
-def mark_masters(state: Dict[str, Any]) -> None:
-    """Tag each param group of an optimizer checkpoint that carries masters (NOTE above)."""
-    state["param_groups"] = [dict(group, **{MASTERS_MARKER: True}) for group in state["param_groups"]]
+def mark_masters(state: Dict[str, Any], masters_by_group: List[List[torch.Tensor]]) -> None:
+    """Give each param group of an optimizer checkpoint its own masters, in group order (NOTE above)."""
+    state["param_groups"] = [dict(group, **{MASTERS_MARKER: list(masters)})
+                             for group, masters in zip(state["param_groups"], masters_by_group)]
 
 
 def without_marker(state_dict: Dict[str, Any]) -> Dict[str, Any]:
@@ -41,19 +44,45 @@ def without_marker(state_dict: Dict[str, Any]) -> Dict[str, Any]:
                                           else g for g in groups])
 
 
-def check_masters_not_dropped(optimizers: List[Any]) -> None:
-    """Refuse optimizers that loaded an O2 checkpoint before initialize (its masters are gone)."""
+def _refuse_carried(optimizer: Any, why: str) -> AmpUsageError:
+    return AmpUsageError(
+        f"{type(optimizer).__name__} was given an apexlite O2 checkpoint (optimizer.load_state_dict) before "
+        f"amp.initialize, and {why}. Call amp.initialize(model, optimizer, ...) first, then "
+        "optimizer.load_state_dict(checkpoint). To resume from the model weights alone instead, remove the entry: "
+        f"`for g in optimizer.param_groups: g.pop({MASTERS_MARKER!r}, None)`."
+    )
+
+
+def _carried_pairs(optimizer: Any, models: List[torch.nn.Module]) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """(param, fp32 master) for the masters each live param group carries; raises when they do not fit."""
+    pairs: List[Tuple[torch.Tensor, torch.Tensor]] = []
+    for index, group in enumerate(getattr(optimizer, "param_groups", ())):
+        if not isinstance(group, dict) or MASTERS_MARKER not in group:
+            continue
+        carried = group[MASTERS_MARKER]
+        if not isinstance(carried, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in carried):
+            raise _refuse_carried(optimizer, f"param group {index}'s {MASTERS_MARKER!r} entry holds no fp32 "
+                                             "master weights (a checkpoint of an older apexlite)")
+        targets = match_masters(list(carried), list(group["params"]), models)
+        if targets is None:
+            raise _refuse_carried(optimizer, f"the {len(carried)} fp32 master weights param group {index} carries "
+                                             "do not match its params in count and shapes")
+        pairs.extend(zip(targets, carried))
+    return pairs
+
+
+def check_carried_masters(optimizers: List[Any], models: List[torch.nn.Module]) -> None:
+    """Validation only: the masters that optimizers loaded before initialize fit their params."""
     for optimizer in optimizers:
-        if any(isinstance(g, dict) and g.get(MASTERS_MARKER) for g in getattr(optimizer, "param_groups", ())):
-            raise AmpUsageError(
-                f"{type(optimizer).__name__} was given an apexlite O2 checkpoint (optimizer.load_state_dict) before "
-                "amp.initialize: torch's load_state_dict keeps no fp32 master weights, so the run would resume "
-                "from the half-precision model weights and differ from the original. Call amp.initialize(model, "
-                "optimizer, ...) first, then optimizer.load_state_dict(checkpoint). To resume from the model "
-                f"weights alone instead, remove the marker: `for g in optimizer.param_groups: g.pop({MASTERS_MARKER!r}, None)`."
-            )
+        _carried_pairs(optimizer, models)
 
 
+def take_carried_masters(optimizer: Any, models: List[torch.nn.Module]) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+    """Pop the masters a load before initialize left in the live param groups, paired with their params."""
+    pairs = _carried_pairs(optimizer, models)
+    for group in optimizer.param_groups:
+        group.pop(MASTERS_MARKER, None)
+    return [(param, master.detach().to(device=param.device, dtype=torch.float32)) for param, master in pairs]
 def _affine_batchnorm_params(models: List[torch.nn.Module]) -> set:
     return {id(p) for model in models for module in model.modules()
             if isinstance(module, _BatchNorm) and module.affine for p in module.parameters(recurse=False)}

@@ -11,7 +11,7 @@ from apexlite.amp import checks
 from apexlite.amp.advice import warn_known_traps
 from apexlite.amp.amp_optimizer import AmpOptimizer
 from apexlite.amp.plain_grads import PlainGrads
-from apexlite.amp.checkpoint_convert import check_masters_not_dropped
+from apexlite.amp.checkpoint_convert import check_carried_masters, take_carried_masters
 from apexlite.amp.errors import AmpConfigError
 from apexlite.amp.fused_master import FusedMasterGrads, supports_fused_master_step
 from apexlite.amp.handle import AmpHandle
@@ -107,7 +107,7 @@ def _validate(properties: Properties, opt_level: str, model_list: List[Any], opt
     checks.check_initial_scale(properties, min_loss_scale, max_loss_scale)
     checks.check_models(model_list)
     checks.check_optimizers(optimizer_list)
-    check_masters_not_dropped(optimizer_list)
+    check_carried_masters(optimizer_list, model_list)
     checks.check_sharded_models(model_list, opt_level, properties)
     checks.check_models_not_recast(model_list, existing.models.items() if existing is not None else [], properties)
     if not legacy_flags.allow_incoming_model_not_fp32:
@@ -134,12 +134,28 @@ def _register(session: AmpSession, transaction: InitializeTransaction, model_lis
     for model in model_list:
         session.models.add(model)
     for optimizer in optimizer_list:
+        carried = take_carried_masters(optimizer, model_list)
+        _restore_carried_masters(optimizer, carried, fp32_sources if properties.master_weights else None)
         grads = _grad_strategy(session, optimizer, properties.master_weights, fp32_sources)
         amp_optimizer = AmpOptimizer(optimizer, session, grads)
         session.optimizers[id(optimizer)] = amp_optimizer
         amp_optimizer.install()
     if model_list or optimizer_list:
         session.from_initialize = True
+
+
+def _restore_carried_masters(optimizer: Any, carried: List[Any], fp32_sources: Optional[Dict[Any, Any]]) -> None:
+    """An O2 checkpoint loaded before initialize: its masters seed the new masters (when this run keeps
+    them) and the params take their values, as a load after initialize does (NOTE in checkpoint_convert.py)."""
+    if not carried:
+        return
+    with torch.no_grad():
+        for param, master in carried:
+            param.copy_(master)
+            if fp32_sources is not None and param.dtype != torch.float32:
+                fp32_sources[param] = master
+    log.info("restored %d fp32 master weight(s) that %s loaded before amp.initialize", len(carried),
+             type(optimizer).__name__)
 
 
 def _install_forward_scopes(session: AmpSession) -> None:

@@ -233,8 +233,10 @@ class MasterParams:
 
     def state_dict(self) -> Dict[str, Any]:
         state = self._state_dict()
-        state[MASTERS_KEY] = [master.detach().clone() for master in self.masters]
-        mark_masters(state)
+        copies = {id(master): master.detach().clone() for master in self.masters}
+        state[MASTERS_KEY] = [copies[id(master)] for master in self.masters]
+        mark_masters(state, [[copies[id(p)] for p in group["params"] if id(p) in copies]
+                             for group in self.optimizer.param_groups])
         return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:

@@ -1,9 +1,9 @@
 """An O2 checkpoint restored before `amp.initialize` (a common order) never resumes silently wrong.
 
-Reference: the same run uninterrupted. A torch optimizer's O2 checkpoint loaded before initialize has lost
-its fp32 masters inside torch's load_state_dict: initialize refuses, naming the right order, and in that
-order the resumed run equals the uninterrupted one bit for bit. Masters carried in per-param state
-(FusedAdam's format) survive torch's load and are restored at initialize.
+Reference: the same run uninterrupted. A torch optimizer's O2 checkpoint carries its fp32 masters in each
+param group too, which torch's load_state_dict keeps: loaded before or after initialize, the resumed run
+equals the uninterrupted one bit for bit; carried masters that do not fit are refused, naming the right
+order. Masters carried in per-param state (FusedAdam's format) are restored at initialize as well.
 """
 import copy
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from apexlite import amp
-from apexlite.amp.checkpoint_convert import MASTERS_MARKER
+from apexlite.amp.checkpoint_convert import MASTERS_KEY, MASTERS_MARKER
 from apexlite.amp.errors import AmpUsageError
 from apexlite.optimizers import FusedAdam
 
@@ -50,33 +50,69 @@ def _checkpoint_and_reference(make_optimizer):
         amp.deinitialize()
 
 
-@pytest.mark.parametrize("make_optimizer", [o[1] for o in TORCH_OPTIMIZERS], ids=[o[0] for o in TORCH_OPTIMIZERS])
-def test_loading_before_initialize_is_refused_and_the_right_order_resumes_exactly(make_optimizer):
-    checkpoint, reference = _checkpoint_and_reference(make_optimizer)
-
+def _resume(make_optimizer, checkpoint, load_before_initialize, opt_level="O2"):
+    """A fresh run restored from `checkpoint` in the given order; returns (model, optimizer), initialized."""
     model = _model()
     model.load_state_dict(checkpoint["model"])
     optimizer = make_optimizer(model.parameters())
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    weights = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(AmpUsageError, match=r"amp.initialize\(model, optimizer, \.\.\.\) first, then "
-                                            r"optimizer.load_state_dict"):
-        amp.initialize(model, optimizer, opt_level="O2", verbosity=0)
-    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))  # nothing changed
-
-    model = _model()
-    model.load_state_dict(checkpoint["model"])
-    optimizer = make_optimizer(model.parameters())
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0)
-    try:
+    if load_before_initialize:
         optimizer.load_state_dict(checkpoint["optimizer"])
-        amp.load_state_dict(checkpoint["amp"])
-        assert not any(MASTERS_MARKER in group for group in optimizer.param_groups)
+    model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level, verbosity=0)
+    if not load_before_initialize:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    amp.load_state_dict(checkpoint["amp"])
+    assert not any(MASTERS_MARKER in group for group in optimizer.param_groups)
+    return model, optimizer
+
+
+@pytest.mark.parametrize("load_before_initialize", [True, False], ids=["load-then-initialize", "initialize-then-load"])
+@pytest.mark.parametrize("make_optimizer", [o[1] for o in TORCH_OPTIMIZERS], ids=[o[0] for o in TORCH_OPTIMIZERS])
+def test_either_order_resumes_exactly_as_the_uninterrupted_run(make_optimizer, load_before_initialize):
+    checkpoint, reference = _checkpoint_and_reference(make_optimizer)
+    model, optimizer = _resume(make_optimizer, checkpoint, load_before_initialize)
+    try:
         _steps(model, optimizer, 4, seed=2)
         for got, want in zip(amp.master_params(optimizer), reference):
             assert torch.equal(got, want)
     finally:
         amp.deinitialize()
+
+
+def test_a_checkpoint_saved_once_holds_each_master_once():
+    """The group entries are the MASTERS_KEY tensors themselves, so torch.save writes their storage once."""
+    checkpoint, _ = _checkpoint_and_reference(TORCH_OPTIMIZERS[0][1])
+    listed = {id(t) for t in checkpoint["optimizer"][MASTERS_KEY]}
+    carried = [t for group in checkpoint["optimizer"]["param_groups"] for t in group[MASTERS_MARKER]]
+    assert len(carried) == len(listed) and {id(t) for t in carried} == listed
+
+
+@pytest.mark.parametrize("opt_level", ["O0", "O1", "O3"])
+def test_levels_without_masters_take_the_carried_masters_as_a_load_after_initialize_does(opt_level):
+    checkpoint, _ = _checkpoint_and_reference(TORCH_OPTIMIZERS[0][1])
+    params = {}
+    for before in (True, False):
+        model, _ = _resume(TORCH_OPTIMIZERS[0][1], checkpoint, before, opt_level=opt_level)
+        params[before] = [p.detach().clone() for p in model.parameters()]
+        amp.deinitialize()
+    assert all(torch.equal(a, b) for a, b in zip(params[True], params[False]))
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda group: group.__setitem__(MASTERS_MARKER, True), "holds no fp32 master weights"),
+    (lambda group: group.__setitem__(MASTERS_MARKER, group[MASTERS_MARKER][:-1]), "do not match its params"),
+])
+def test_carried_masters_that_do_not_fit_are_refused_naming_the_order(damage, reason):
+    checkpoint, _ = _checkpoint_and_reference(TORCH_OPTIMIZERS[0][1])
+    model = _model()
+    model.load_state_dict(checkpoint["model"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    damage(optimizer.param_groups[0])
+    weights = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(AmpUsageError, match=reason + r".*amp.initialize\(model, optimizer, \.\.\.\) first"):
+        amp.initialize(model, optimizer, opt_level="O2", verbosity=0)
+    assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))  # nothing changed
+    assert MASTERS_MARKER in optimizer.param_groups[0]
 
 
 def test_removing_the_marker_resumes_from_the_model_weights_as_the_message_says():

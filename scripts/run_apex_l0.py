@@ -164,7 +164,7 @@ def run_suite(python: str, suite_dir: Path, deselected: List[str], report: Path,
               test_timeout: int, log: Path, collect_only: bool = False) -> SuiteRun:
     """Runs one suite under ``python -m apexlite run -m pytest`` (its output in ``log``)."""
     suite = suite_dir.name
-    command = [python, "-m", "apexlite", "run", "-m", "pytest", "-v", "-p", "no:cacheprovider",
+    command = [python, "-m", "apexlite", "run", "-m", "pytest", "-v", "-p", "no:cacheprovider", "--durations=15",
                "-o", "junit_family=xunit1", f"--junitxml={report}", "--rootdir", str(suite_dir)]
     if test_timeout:
         command += ["-o", f"faulthandler_timeout={test_timeout}"]

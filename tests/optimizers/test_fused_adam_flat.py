@@ -1,0 +1,406 @@
+"""FusedAdam's flat buffers (NOTE [flat buffers], NOTE [flat grads]) as users meet them.
+
+Every case runs FusedAdam next to ``FusedAdam(flat_buffers=False)``, the per-tensor path the other test
+modules hold to torch.optim.Adam/AdamW, on the same params and grads: on the compiled kernel the two
+must agree bit for bit (the flat op is the list op over one buffer), on torch's fused ops to float32
+rounding (torch's CPU kernel orders its vector body and scalar tail differently). And what a user must
+not notice: the same Parameter objects, torch's state_dict format, ``.grad`` identity, memory.
+Cases that depend on the per-step grad pass run with apexlite._C.flat_grads and with its Python twin.
+"""
+from __future__ import annotations
+
+import copy
+import io
+import logging
+import pickle
+from collections import defaultdict
+
+import pytest
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from apexlite import _ext
+from apexlite.optimizers import FusedAdam, _flat_buffers, _flat_grads
+from apexlite.optimizers import fused_adam as fused_adam_module
+from tests.optimizers.adam_helpers import IMPLEMENTATIONS
+
+IMPLS = [impl for impl in IMPLEMENTATIONS if impl != "reference"]  # flat buffers need a fused path
+SHAPES = [(6, 5), (5,), (2, 3, 4, 5), (1,), (7, 3)]
+HYPER = dict(lr=1e-2, weight_decay=0.02)
+# (param dtype, master_weights, grad dtype, moment dtype)
+COMBOS = [
+    (torch.float32, False, torch.float32, torch.float32),
+    (torch.bfloat16, True, torch.bfloat16, torch.float32),
+    (torch.float16, True, torch.float16, torch.float32),
+    (torch.bfloat16, False, torch.bfloat16, torch.bfloat16),
+    (torch.float32, False, torch.bfloat16, torch.float32),
+]
+
+
+@pytest.fixture(params=["native", "python"])
+def grad_pass(request, monkeypatch):
+    """The per-step grad pass: apexlite._C.flat_grads, or its Python twin."""
+    if request.param == "native":
+        if _flat_grads._native() is None:
+            pytest.skip("apexlite's compiled library is not loaded")
+    else:
+        monkeypatch.setattr(_flat_grads, "_native", lambda: None)
+    return request.param
+
+
+def make_params(dtype=torch.float32, shapes=SHAPES, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(shape, generator=gen).to(dtype)) for shape in shapes]
+
+
+def twins(dtype=torch.float32, implementation="kernel", shapes=SHAPES, **kw):
+    """(params, optimizer) with flat buffers, and the same on the per-tensor path."""
+    if implementation == "kernel" and not _ext.kernels_available("cpu"):
+        pytest.skip("compiled CPU kernel not built")
+    runs = []
+    for flat in (True, False):
+        params = make_params(dtype, shapes)
+        runs.append((params, FusedAdam(params, implementation=implementation, flat_buffers=flat, **HYPER, **kw)))
+    return runs
+
+
+def grads_for(params, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(p.shape, generator=gen).to(dtype) for p in params]
+
+
+def assign(params, grads):
+    for p, g in zip(params, grads):
+        if g.dtype != p.dtype:
+            p.grad_dtype = g.dtype
+        p.grad = g.clone()
+
+
+def assert_same(run, reference, exact=True):
+    (params, opt), (ref_params, ref_opt) = run, reference
+    check = (lambda a, b: torch.testing.assert_close(a, b, rtol=0, atol=0)) if exact else \
+        (lambda a, b: torch.testing.assert_close(a.float(), b.float(), rtol=1e-5, atol=1e-6))
+    for p, r in zip(params, ref_params):
+        check(p.detach(), r.detach())
+        assert opt.state[p].keys() == ref_opt.state[r].keys()
+        for key in opt.state[p]:
+            check(opt.state[p][key], ref_opt.state[r][key])
+
+
+def count_calls(monkeypatch):
+    """Counts the flat calls and the per-tensor calls FusedAdam.step makes."""
+    calls = {"flat": 0, "lists": 0}
+
+    def counting(name, function):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(fused_adam_module, "fused_adam_flat_step",
+                        counting("flat", fused_adam_module.fused_adam_flat_step))
+    monkeypatch.setattr(fused_adam_module, "fused_adam_step", counting("lists", fused_adam_module.fused_adam_step))
+    return calls
+
+
+@pytest.mark.parametrize("regime", ["fresh-grads", "kept-grads"])
+@pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(str(d).split(".")[-1] for d in c))
+@pytest.mark.parametrize("implementation", IMPLS)
+def test_flat_buffers_match_the_per_tensor_path(implementation, combo, regime):
+    dtype, master_weights, grad_dtype, moment_dtype = combo
+    runs = twins(dtype, implementation, master_weights=master_weights, exp_avg_dtype=moment_dtype)
+    for step in range(4):
+        grads = grads_for(runs[0][0], grad_dtype, step)
+        for params, opt in runs:
+            if regime == "fresh-grads" or step == 0:
+                assign(params, grads)
+            else:  # what autograd does to an existing .grad: add in place
+                for p, g in zip(params, grads):
+                    p.grad.add_(g)
+            opt.step()
+    assert_same(*runs, exact=implementation == "kernel")
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_training_with_autograd_matches_the_per_tensor_path(grad_pass, set_to_none):
+    models = []
+    for flat in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
+                                    torch.nn.Linear(16, 2))
+        models.append((model, FusedAdam(model.parameters(), flat_buffers=flat, **HYPER)))
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        x, y = torch.randn(4, 8, generator=gen), torch.randn(4, 2, generator=gen)
+        for model, opt in models:
+            opt.zero_grad(set_to_none=set_to_none)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    (flat_model, flat_opt), (ref_model, ref_opt) = models
+    assert_same((list(flat_model.parameters()), flat_opt), (list(ref_model.parameters()), ref_opt))
+
+
+def test_params_keep_their_objects_and_share_one_buffer_per_role():
+    params = make_params()
+    ids = [id(p) for p in params]
+    opt = FusedAdam(params, **HYPER)
+    assign(params, grads_for(params, torch.float32, 0))
+    before = [p.detach().clone() for p in params]
+    opt.step()
+    assert [id(p) for p in opt.param_groups[0]["params"]] == ids
+    for role in ("param", "exp_avg", "exp_avg_sq", "step"):
+        tensors = params if role == "param" else [opt.state[p][role] for p in params]
+        assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1, role
+    assert all(p.is_leaf and p.requires_grad and p._base is None for p in params)
+    # one copy of each: the buffers hold exactly the params' and state's elements
+    total = sum(p.numel() for p in params)
+    assert params[0].untyped_storage().nbytes() == 4 * total
+    assert opt.state[params[0]]["step"].untyped_storage().nbytes() == 4 * len(params)
+    assert not all(torch.equal(p, b) for p, b in zip(params, before))  # (and the step did update them)
+
+
+def test_state_dict_has_torchs_format_and_loads_weights_only():
+    params = make_params()
+    opt, ref = FusedAdam(params, **HYPER), torch.optim.AdamW(make_params(), **HYPER)
+    for optimizer in (opt, ref):
+        group_params = optimizer.param_groups[0]["params"]
+        assign(group_params, grads_for(group_params, torch.float32, 0))
+        optimizer.step()
+    ours, theirs = opt.state_dict(), ref.state_dict()
+    assert ours["state"].keys() == theirs["state"].keys()
+    for index, entry in ours["state"].items():
+        assert type(entry) is dict and entry.keys() == theirs["state"][index].keys()
+        for key, value in entry.items():
+            want = theirs["state"][index][key]
+            assert (value.shape, value.dtype) == (want.shape, want.dtype), key
+    buffer = io.BytesIO()
+    torch.save(ours, buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True)["state"].keys() == ours["state"].keys()
+    assert type(pickle.loads(pickle.dumps(opt.state))) is defaultdict
+    assert type(copy.deepcopy(opt.state[params[0]])) is dict and type(copy.copy(opt.state)) is defaultdict
+
+
+@pytest.mark.parametrize("count", [1, 300])
+def test_one_call_per_buffer_set_whatever_the_tensor_count(monkeypatch, count):
+    if not _ext.kernels_available("cpu"):
+        pytest.skip("compiled CPU kernel not built")
+    params = make_params(shapes=[(3,)] * count) + make_params(torch.bfloat16, shapes=[(2,)] * count)
+    opt = FusedAdam(params, master_weights=True, **HYPER)
+    calls = count_calls(monkeypatch)
+    for step in range(3):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt.step()
+    assert calls == {"flat": 2 * 3, "lists": 0}  # a float32 set and a bf16-with-masters set, each step
+
+
+def test_a_first_step_without_grads_costs_no_rebuild(monkeypatch):
+    params = make_params()
+    opt = FusedAdam(params, **HYPER)
+    opt.step()  # nothing to do yet (e.g. a scheduler test call before the first backward)
+    calls = count_calls(monkeypatch)
+    for step in range(3):
+        assign(params, grads_for(params, torch.float32, step))
+        opt.step()
+    assert calls == {"flat": 3, "lists": 0}
+    assert all(float(opt.state[p]["step"]) == 3.0 for p in params)
+
+
+def test_grads_keep_their_identity_and_live_in_the_buffer(grad_pass):
+    params = make_params()
+    opt = FusedAdam(params, **HYPER)
+    grads = grads_for(params, torch.float32, 0)
+    assign(params, grads)
+    assigned = [p.grad for p in params]
+    opt.step()
+    assert all(p.grad is g for p, g in zip(params, assigned))
+    assert all(torch.equal(p.grad, g) for p, g in zip(params, grads))
+    assert len({p.grad.untyped_storage().data_ptr() for p in params}) == 1
+    where = [p.grad.data_ptr() for p in params]
+    for p in params:  # what a backward does to an existing .grad
+        p.grad.mul_(2)
+    opt.step()
+    assert [p.grad.data_ptr() for p in params] == where  # nothing moved, nothing copied
+
+
+def test_grad_scaler_unscales_into_the_same_grad_tensors(grad_pass):
+    params = make_params()
+    opt = FusedAdam(params, **HYPER)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    grads = grads_for(params, torch.float32, 0)
+    for step in range(2):
+        scaler.scale(torch.ones(()))  # (what scaling a loss does to the scaler)
+        for p, g in zip(params, grads):
+            p.grad = g * 1024.0
+        assigned = [p.grad for p in params]
+        scaler.step(opt)
+        scaler.update()
+        assert all(p.grad is a for p, a in zip(params, assigned))
+        assert all(torch.equal(p.grad, g) for p, g in zip(params, grads))
+
+
+def test_setting_grads_to_none_frees_the_grad_buffer(grad_pass):
+    params = make_params()
+    opt = FusedAdam(params, **HYPER)
+    assign(params, grads_for(params, torch.float32, 0))
+    opt.step()
+    buffer = StorageWeakRef(params[0].grad.untyped_storage())
+    opt.zero_grad(set_to_none=True)
+    assert buffer.expired()
+
+
+@pytest.mark.parametrize("replaced", ["one-grad", "all-grads"])
+def test_a_grad_kept_from_an_earlier_step_keeps_its_values(grad_pass, replaced):
+    params = make_params()
+    opt = FusedAdam(params, **HYPER)
+    assign(params, grads_for(params, torch.float32, 0))
+    opt.step()
+    kept = params[1].grad
+    kept_values = kept.clone()
+    fresh = grads_for(params, torch.float32, 1)
+    if replaced == "one-grad":  # the others stay in the grad buffer, next to the kept one's old place
+        params[1].grad = fresh[1]
+    else:
+        opt.zero_grad(set_to_none=True)
+        assign(params, fresh)
+    opt.step()
+    assert torch.equal(kept, kept_values)
+    assert torch.equal(params[1].grad, fresh[1])
+
+
+@pytest.mark.parametrize("implementation", IMPLS)
+def test_a_param_without_grad_is_skipped_and_the_buffers_follow(grad_pass, implementation, monkeypatch):
+    runs = twins(implementation=implementation)
+    calls = count_calls(monkeypatch)
+    for step in range(5):
+        grads = grads_for(runs[0][0], torch.float32, step)
+        for params, opt in runs:
+            assign(params, grads)
+            if step == 1:
+                params[2].grad = None
+            opt.step()
+    assert_same(*runs, exact=implementation == "kernel")
+    flat_steps = [float(runs[0][1].state[p]["step"]) for p in runs[0][0]]
+    assert flat_steps == [5.0, 5.0, 4.0, 5.0, 5.0]
+    # steps 0, 2, 3, 4 flat (two sets after the rebuild: 4 and 5 steps taken); step 1 per tensor
+    assert calls["flat"] == 1 + 0 + 2 + 2 + 2
+
+
+def test_model_cast_after_steps_continues_like_the_per_tensor_path(grad_pass):
+    runs = twins()
+    for step in range(4):
+        grads = grads_for(runs[0][0], torch.float32 if step < 2 else torch.bfloat16, step)
+        for params, opt in runs:
+            if step == 2:  # what model.to(torch.bfloat16) does, then amp's switch to master weights
+                saved = {p: p.detach().clone() for p in params}
+                for p in params:
+                    p.data = p.data.to(torch.bfloat16)
+                opt.enable_master_weights(saved)
+            assign(params, grads)
+            opt.step()
+    assert_same(*runs)
+
+
+# change -> flat calls of steps 2 and 3 (a param whose state was emptied restarts at step 0: its own set)
+STATE_CHANGES = {"entry": 1, "state-dict": 2, "clear": 1, "new-map": 1}
+
+
+@pytest.mark.parametrize("change", sorted(STATE_CHANGES))
+def test_replaced_state_is_what_the_next_step_uses(grad_pass, change, monkeypatch):
+    runs = twins()
+    calls = count_calls(monkeypatch)
+    for step in range(4):
+        grads = grads_for(runs[0][0], torch.float32, step)
+        for params, opt in runs:
+            if step == 2:
+                if change == "entry":
+                    opt.state[params[0]]["exp_avg"] = torch.full_like(params[0], 0.5)
+                elif change == "state-dict":
+                    opt.state[params[1]] = {}
+                elif change == "clear":
+                    opt.state.clear()
+                else:
+                    opt.state = defaultdict(dict)
+            assign(params, grads)
+            opt.step()
+    assert_same(*runs)
+    assert calls["flat"] == 2 + 2 * STATE_CHANGES[change]  # the flat path resumes at once
+
+
+def test_params_list_edited_in_place_and_new_group(grad_pass):
+    runs = twins()
+    extra = [make_params(shapes=[(4,), (3, 3)], seed=5) for _ in runs]
+    for step in range(4):
+        for (params, opt), more in zip(runs, extra):
+            if step == 1:
+                opt.param_groups[0]["params"].append(more[0])
+            if step == 2:
+                opt.add_param_group({"params": [more[1]], "lr": 3e-3})
+            assign(params + more, grads_for(params + more, torch.float32, step))
+            opt.step()
+    assert_same((runs[0][0] + extra[0], runs[0][1]), (runs[1][0] + extra[1], runs[1][1]))
+
+
+def test_loading_a_checkpoint_mid_run(grad_pass, monkeypatch):
+    runs = twins()
+    calls = count_calls(monkeypatch)
+    for step in range(5):
+        grads = grads_for(runs[0][0], torch.float32, step)
+        for index, (params, opt) in enumerate(runs):
+            if step == 3:
+                opt.load_state_dict(copy.deepcopy(runs[1][1].state_dict()))  # both take the same checkpoint
+            assign(params, grads)
+            opt.step()
+    assert_same(*runs)
+    assert calls["flat"] == 5  # every step of the flat run, the one after the load included
+
+
+def test_params_sharing_memory_stay_where_they_are():
+    base = torch.randn(20)
+    whole = torch.nn.Parameter(base.clone())
+    tied = [torch.nn.Parameter(torch.empty(0)) for _ in range(2)]
+    storage = torch.randn(10)
+    for index, p in enumerate(tied):  # two params on one storage (e.g. tied through .data)
+        p.data = storage[index * 5:(index + 1) * 5]
+    params = [whole] + tied
+    where = [p.data_ptr() for p in params]
+    opt, ref = FusedAdam(params, **HYPER), FusedAdam([torch.nn.Parameter(p.detach().clone()) for p in params],
+                                                     flat_buffers=False, **HYPER)
+    for step in range(3):
+        grads = grads_for(params, torch.float32, step)
+        assign(params, grads)
+        assign(ref.param_groups[0]["params"], grads)
+        opt.step()
+        ref.step()
+    assert [p.data_ptr() for p in tied] == where[1:] and whole.data_ptr() != where[0]
+    assert_same((params, opt), (ref.param_groups[0]["params"], ref))
+
+
+def test_grads_that_are_views_of_another_buffer_are_not_moved(grad_pass):
+    runs = twins()
+    for step in range(3):
+        grads = grads_for(runs[0][0], torch.float32, step)
+        for params, opt in runs:
+            bucket = torch.cat([g.flatten() for g in grads])  # as DDP's gradient_as_bucket_view
+            offset = 0
+            for p in params:
+                p.grad = bucket[offset:offset + p.numel()].view(p.shape)
+                offset += p.numel()
+            opt.step()
+            assert all(p.grad._base is bucket for p in params)
+    assert_same(*runs)
+
+
+def test_a_group_that_keeps_changing_stays_on_the_per_tensor_path(grad_pass, caplog):
+    runs = twins()
+    with caplog.at_level(logging.INFO, logger="apexlite"):
+        for step in range(2 * _flat_buffers.MAX_REBUILDS + 6):
+            grads = grads_for(runs[0][0], torch.float32, step)
+            for params, opt in runs:
+                assign(params, grads)
+                params[step % 2].grad = None  # a different param misses each step
+                opt.step()
+    assert_same(*runs)
+    said = [r for r in caplog.records if "keeps the per-tensor path" in r.getMessage()]
+    assert len(said) == 1

@@ -78,11 +78,13 @@ def _movable(grad: torch.Tensor) -> bool:
 
 def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
                       members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
-                      param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int) -> Verdict:
-    """apexlite._C.flat_grads in Python (see NOTE [flat grads]): (status, reason, flat grad or None)."""
+                      param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
+                      shift: int) -> Verdict:
+    """apexlite._C.flat_grads in Python (see NOTE [flat grads]): (status, reason, flat grad or None).
+    The grad buffer is ``total`` elements from element ``shift`` of its storage; ``offsets`` are in it."""
     if len(group_params) != len(known) or any(a is not b for a, b in zip(group_params, known)):
         return _verdict(GROUP_CHANGED)
-    expected, starts = param_ptrs.tolist(), offsets.tolist()
+    expected, starts = param_ptrs.tolist(), [shift + offset for offset in offsets.tolist()]
     buffer: Optional[torch.UntypedStorage] = None
     grads: List[torch.Tensor] = []
     in_place: List[bool] = []
@@ -102,7 +104,8 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
         if reason:
             continue
         storage = grad.untyped_storage()
-        if buffer is None and grad.storage_offset() == starts[i] and storage.nbytes() == total * grad.element_size():
+        if buffer is None and grad.storage_offset() == starts[i] and \
+                storage.nbytes() == (shift + total) * grad.element_size():
             buffer = storage
         mine = buffer is not None and storage._cdata == buffer._cdata
         if mine and grad.storage_offset() != starts[i]:
@@ -116,13 +119,13 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
     storage = None  # (a handle of its own would count as a user of the buffer)
     everyone = all(in_place)
     reuse = buffer is not None and (everyone or _use_count(buffer) == sum(in_place) + 1)
-    flat = torch.empty(0 if reuse else total, dtype=grad_like.dtype, device=grad_like.device)
-    if reuse:
-        flat.set_(buffer, 0, (total,), (1,))
+    if not reuse:
+        buffer = torch.empty(shift + total, dtype=grad_like.dtype, device=grad_like.device).untyped_storage()
+    flat = torch.empty(0, dtype=grad_like.dtype, device=grad_like.device).set_(buffer, shift, (total,), (1,))
     moving = [i for i, mine in enumerate(in_place) if not (reuse and mine)]
     if moving:
         sources = [grads[i].as_strided((grads[i].numel(),), (1,)) for i in moving]
-        torch._foreach_copy_([flat[starts[i]:starts[i] + grads[i].numel()] for i in moving], sources)
+        torch._foreach_copy_([flat.as_strided((grads[i].numel(),), (1,), starts[i]) for i in moving], sources)
         for i in moving:
             grads[i].set_(flat.untyped_storage(), starts[i], grads[i].shape, grads[i].stride())
     bump_versions(members)  # the kernel writes them through raw pointers
@@ -137,9 +140,10 @@ def _native() -> Optional[Callable[..., Verdict]]:
 
 def flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
                members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
-               param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int) -> Verdict:
+               param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
+               shift: int) -> Verdict:
     """(status, reason, flat grad): READY with the set's grads as one flat tensor (fresh ones moved
     into it, member versions bumped), or LIST_PATH / REBUILD with an index into REASONS, nothing changed."""
     native = _native()
     run = native if native is not None else python_flat_grads
-    return run(group_params, known, members, masters, param_ptrs, offsets, grad_like, total)
+    return run(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift)

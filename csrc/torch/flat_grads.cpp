@@ -59,10 +59,11 @@ bool movable(const at::Tensor& grad) {
          !grad.key_set().has(c10::DispatchKey::Python) && grad.storage().use_count() == 1;
 }
 
+// Copies each grad's dense block to its offset in `flat`'s storage.
 void copy_into(const at::Tensor& flat, const std::vector<at::Tensor>& grads, const std::vector<int64_t>& offsets) {
   if (flat.is_cpu()) {
-    char* base = static_cast<char*>(flat.data_ptr());
     const int64_t size = flat.element_size();
+    char* base = static_cast<char*>(flat.data_ptr()) - flat.storage_offset() * size;  // the storage's start
     at::parallel_for(0, static_cast<int64_t>(grads.size()), 64, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         std::memcpy(base + offsets[i] * size, grads[i].data_ptr(), grads[i].numel() * size);
@@ -82,9 +83,9 @@ void copy_into(const at::Tensor& flat, const std::vector<at::Tensor>& grads, con
 PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   HANDLE_TH_ERRORS
   PyObject *group_params, *known, *members, *masters, *param_ptrs_obj, *offsets_obj, *grad_like_obj;
-  long long total;
-  if (!PyArg_ParseTuple(args, "OO!O!OOOOL", &group_params, &PyTuple_Type, &known, &PyTuple_Type, &members,
-                        &masters, &param_ptrs_obj, &offsets_obj, &grad_like_obj, &total)) {
+  long long total, shift;  // the grad buffer: `total` elements from element `shift` of its storage
+  if (!PyArg_ParseTuple(args, "OO!O!OOOOLL", &group_params, &PyTuple_Type, &known, &PyTuple_Type, &members,
+                        &masters, &param_ptrs_obj, &offsets_obj, &grad_like_obj, &total, &shift)) {
     return nullptr;
   }
   const at::Tensor& param_ptrs = THPVariable_Unpack(param_ptrs_obj);
@@ -132,12 +133,12 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
     }
     if (reason) continue;
     const c10::Storage& storage = grad.storage();
-    if (!buffer && grad.storage_offset() == offsets[i] &&
-        static_cast<int64_t>(storage.nbytes()) == total * element_size) {
+    if (!buffer && grad.storage_offset() == shift + offsets[i] &&
+        static_cast<int64_t>(storage.nbytes()) == (shift + total) * element_size) {
       buffer = storage;
     }
     const bool mine = buffer && storage.unsafeGetStorageImpl() == buffer.unsafeGetStorageImpl();
-    if (mine && grad.storage_offset() != offsets[i]) {
+    if (mine && grad.storage_offset() != shift + offsets[i]) {
       reason = kOddGrad;  // the buffer in another layout
     } else if (!mine && !movable(grad)) {
       reason = kSharedGrad;
@@ -152,19 +153,14 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   // holds it: an old grad a caller kept would otherwise see its values overwritten. Else all move
   // into a new buffer.
   const bool reuse = buffer && (in_place_count == count || buffer.use_count() == in_place_count + 1);
-  at::Tensor flat;
-  if (reuse) {
-    flat = at::empty({0}, grad_like.options());
-    flat.set_(buffer, 0, {total}, {1});
-  } else {
-    flat = at::empty({total}, grad_like.options());
-  }
+  at::Tensor flat = at::empty({0}, grad_like.options());
+  flat.set_(reuse ? buffer : at::empty({shift + total}, grad_like.options()).storage(), shift, {total}, {1});
   std::vector<at::Tensor> moving;
-  std::vector<int64_t> moving_offsets;
+  std::vector<int64_t> moving_offsets;  // in the storage
   for (Py_ssize_t i = 0; i < count; ++i) {
     if (!(reuse && in_place[i])) {
       moving.push_back(grads[i]);
-      moving_offsets.push_back(offsets[i]);
+      moving_offsets.push_back(shift + offsets[i]);
     }
   }
   if (!moving.empty()) copy_into(flat, moving, moving_offsets);
@@ -182,7 +178,7 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
 
 PyMethodDef kFunctions[] = {
     {"flat_grads", flat_grads, METH_VARARGS,
-     "flat_grads(group_params, known, members, masters, param_ptrs, offsets, grad_like, total) -> "
+     "flat_grads(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift) -> "
      "(status, reason, flat_grad or None): see apexlite/optimizers/_flat_grads.py"},
     {nullptr, nullptr, 0, nullptr},
 };

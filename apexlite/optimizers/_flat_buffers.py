@@ -37,7 +37,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from apexlite._logging import get_logger
 from apexlite.optimizers import _adam_state as adam_state
-from apexlite.optimizers._flat_grads import GROUP_CHANGED, READY, REASONS, REBUILD, flat_grads
+from apexlite.optimizers._flat_grads import GROUP_CHANGED, MAX_FRESH_AVERAGE_CPU, READY, REASONS, REBUILD, flat_grads
 from apexlite.optimizers._watched_state import Watch, WatchedState, WatchedStateMap
 
 MAX_BUFFER_ELEMENTS = 1 << 28
@@ -192,7 +192,8 @@ class FlatBuffers:
         for flat_set in layout.sets:
             status, reason, grad = flat_grads(params, layout.known, flat_set.members, flat_set.masters,
                                               flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,
-                                              flat_set.weights.numel(), flat_set.grad_start)
+                                              flat_set.weights.numel(), flat_set.grad_start,
+                                              MAX_FRESH_AVERAGE_CPU if flat_set.weights.is_cpu else 0)
             if status == READY:
                 calls.append(FlatCall(flat_set, grad))
                 continue

@@ -16,6 +16,10 @@ NOTE [flat grads]
   views, not made by ``.detach()``/``.data``); the buffer takes fresh grads only when no tensor but
   the member grads references it (a grad a caller kept from an earlier step keeps its values), else
   all grads move to a new buffer.
+- On the CPU, fresh grads averaging more than MAX_FRESH_AVERAGE_CPU elements are not copied: a new
+  CPU buffer costs a page fault per page and the copy a pass over the grads, more than the
+  per-tensor path pays to read them where they are (about 4 us per tensor); on a GPU the caching
+  allocator hands the buffer out at no cost and the copy runs at memory speed, so fresh grads move.
 - Anything else sends the set down the per-tensor path for this step, with a reason (REASONS). A
   missing grad, a grad of another dtype, a replaced param or a changed param list also ask for the
   layout to be rebuilt (the step counters of the set may now differ; the buffers follow the params).
@@ -34,6 +38,7 @@ from apexlite import _ext
 from apexlite.optimizers._adam_step import bump_versions
 
 READY, LIST_PATH, REBUILD = 0, 1, 2
+MAX_FRESH_AVERAGE_CPU = 8192  # elements: about where copying a fresh grad costs what the per-tensor path does
 # indexed by the reason codes of csrc/torch/flat_grads.cpp
 REASONS = (
     "",
@@ -44,8 +49,9 @@ REASONS = (
     "a master weight holds its own grad (amp O2 with clipping or accumulation)",
     "a grad is laid out unlike its param, sparse or on another device",
     "a grad shares its memory with other tensors",
+    "fresh grads this large are cheaper to read in place than to copy (CPU)",
 )
-GROUP_CHANGED, PARAM_MOVED, MISSING_GRAD, GRAD_DTYPE, MASTER_GRAD, ODD_GRAD, SHARED_GRAD = range(1, 8)
+GROUP_CHANGED, PARAM_MOVED, MISSING_GRAD, GRAD_DTYPE, MASTER_GRAD, ODD_GRAD, SHARED_GRAD, LARGE_FRESH_GRADS = range(1, 9)
 _REBUILD_REASONS = (GROUP_CHANGED, PARAM_MOVED, MISSING_GRAD, GRAD_DTYPE)
 
 Verdict = Tuple[int, int, Optional[torch.Tensor]]
@@ -79,7 +85,7 @@ def _movable(grad: torch.Tensor) -> bool:
 def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
                       members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
                       param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
-                      shift: int) -> Verdict:
+                      shift: int, max_fresh_average: int) -> Verdict:
     """apexlite._C.flat_grads in Python (see NOTE [flat grads]): (status, reason, flat grad or None).
     The grad buffer is ``total`` elements from element ``shift`` of its storage; ``offsets`` are in it."""
     if len(group_params) != len(known) or any(a is not b for a, b in zip(group_params, known)):
@@ -116,6 +122,9 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
         in_place.append(mine)
     if reason:
         return _verdict(reason)
+    fresh = [grad.numel() for grad, mine in zip(grads, in_place) if not mine]
+    if max_fresh_average > 0 and sum(fresh) > max_fresh_average * len(fresh):
+        return _verdict(LARGE_FRESH_GRADS)
     storage = None  # (a handle of its own would count as a user of the buffer)
     everyone = all(in_place)
     reuse = buffer is not None and (everyone or _use_count(buffer) == sum(in_place) + 1)
@@ -141,9 +150,9 @@ def _native() -> Optional[Callable[..., Verdict]]:
 def flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
                members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
                param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
-               shift: int) -> Verdict:
+               shift: int, max_fresh_average: int = 0) -> Verdict:
     """(status, reason, flat grad): READY with the set's grads as one flat tensor (fresh ones moved
     into it, member versions bumped), or LIST_PATH / REBUILD with an index into REASONS, nothing changed."""
     native = _native()
     run = native if native is not None else python_flat_grads
-    return run(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift)
+    return run(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, max_fresh_average)

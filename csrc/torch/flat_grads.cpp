@@ -35,6 +35,7 @@ enum Reason : int {
   kMasterGrad = 5,
   kOddGrad = 6,
   kSharedGrad = 7,
+  kLargeFreshGrads = 8,
 };
 
 int status_of(int reason) {
@@ -84,8 +85,10 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   HANDLE_TH_ERRORS
   PyObject *group_params, *known, *members, *masters, *param_ptrs_obj, *offsets_obj, *grad_like_obj;
   long long total, shift;  // the grad buffer: `total` elements from element `shift` of its storage
-  if (!PyArg_ParseTuple(args, "OO!O!OOOOLL", &group_params, &PyTuple_Type, &known, &PyTuple_Type, &members,
-                        &masters, &param_ptrs_obj, &offsets_obj, &grad_like_obj, &total, &shift)) {
+  long long max_fresh_average;  // > 0: fresh grads larger than this on average are not copied
+  if (!PyArg_ParseTuple(args, "OO!O!OOOOLLL", &group_params, &PyTuple_Type, &known, &PyTuple_Type, &members,
+                        &masters, &param_ptrs_obj, &offsets_obj, &grad_like_obj, &total, &shift,
+                        &max_fresh_average)) {
     return nullptr;
   }
   const at::Tensor& param_ptrs = THPVariable_Unpack(param_ptrs_obj);
@@ -148,6 +151,11 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
     in_place_count += mine ? 1 : 0;
   }
   if (reason) return verdict(reason);
+  if (max_fresh_average > 0) {
+    int64_t fresh_elements = 0;
+    for (Py_ssize_t i = 0; i < count; ++i) fresh_elements += in_place[i] ? 0 : grads[i].numel();
+    if (fresh_elements > max_fresh_average * (count - in_place_count)) return verdict(kLargeFreshGrads);
+  }
 
   // Fresh grads move into the buffer only when no tensor but the in-place grads (and `buffer` here)
   // holds it: an old grad a caller kept would otherwise see its values overwritten. Else all move
@@ -178,7 +186,8 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
 
 PyMethodDef kFunctions[] = {
     {"flat_grads", flat_grads, METH_VARARGS,
-     "flat_grads(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift) -> "
+     "flat_grads(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, "
+     "max_fresh_average) -> "
      "(status, reason, flat_grad or None): see apexlite/optimizers/_flat_grads.py"},
     {nullptr, nullptr, 0, nullptr},
 };

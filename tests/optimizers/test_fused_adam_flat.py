@@ -207,6 +207,20 @@ def test_a_first_step_without_grads_costs_no_rebuild(monkeypatch):
     assert all(float(opt.state[p]["step"]) == 3.0 for p in params)
 
 
+@pytest.mark.parametrize("size, flat_calls", [(_flat_grads.MAX_FRESH_AVERAGE_CPU, 3),
+                                               (_flat_grads.MAX_FRESH_AVERAGE_CPU + 1, 0)], ids=["copied", "read-in-place"])
+def test_large_fresh_cpu_grads_are_read_in_place(grad_pass, monkeypatch, size, flat_calls):
+    runs = twins(shapes=[(size,), (size,)])
+    calls = count_calls(monkeypatch)
+    for step in range(3):
+        grads = grads_for(runs[0][0], torch.float32, step)
+        for params, opt in runs:
+            assign(params, grads)
+            opt.step()
+    assert_same(*runs)
+    assert calls == {"flat": flat_calls, "lists": 3 + 3 - flat_calls}  # (the twin takes the per-tensor path)
+
+
 def test_grads_keep_their_identity_and_live_in_the_buffer(grad_pass):
     params = make_params()
     opt = FusedAdam(params, **HYPER)

@@ -152,7 +152,8 @@ def flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, 
                param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
                shift: int, max_fresh_average: int = 0) -> Verdict:
     """(status, reason, flat grad): READY with the set's grads as one flat tensor (fresh ones moved
-    into it, member versions bumped), or LIST_PATH / REBUILD with an index into REASONS, nothing changed."""
+    into it, member versions bumped), or LIST_PATH / REBUILD with an index into REASONS and nothing
+    changed but, maybe, version counters (a bump too many is harmless; the per-tensor path bumps them)."""
     native = _native()
     run = native if native is not None else python_flat_grads
     return run(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, max_fresh_average)

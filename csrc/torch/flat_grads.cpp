@@ -11,7 +11,7 @@
 //   writes (autograd accumulation, the unscaled grads of a GradScaler step) land in the buffer;
 // * anything else (a missing grad, another dtype or layout, a grad other tensors share, a replaced
 //   param) is reported with a reason, and nothing has been changed.
-// Member params' version counters are bumped when the step can run (the kernel writes them raw).
+// Member params' version counters are bumped (the kernel writes them raw).
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -51,6 +51,31 @@ bool same_layout(const at::Tensor& grad, const at::Tensor& param) {
     if (param.size(d) > 1 && grad.stride(d) != param.stride(d)) return false;
   }
   return true;
+}
+
+// Starts loading what the scan of member i reads, in stages (each needs the previous one's pointer):
+// the objects of one param sit at scattered addresses, and a cold pass waits on each miss in turn.
+constexpr Py_ssize_t kAhead = 4;
+
+void prefetch_lines(const void* address) {
+  const char* bytes = static_cast<const char*>(address);
+  for (int line = 0; line < 3; ++line) __builtin_prefetch(bytes + 64 * line);
+}
+
+void prefetch_member(PyObject* members, Py_ssize_t i, Py_ssize_t count) {
+  if (i + 3 * kAhead < count) __builtin_prefetch(PyTuple_GET_ITEM(members, i + 3 * kAhead));
+  if (i + 2 * kAhead < count) prefetch_lines(THPVariable_Unpack(PyTuple_GET_ITEM(members, i + 2 * kAhead)).unsafeGetTensorImpl());
+  if (i + kAhead < count) {
+    const c10::AutogradMetaInterface* meta =
+        THPVariable_Unpack(PyTuple_GET_ITEM(members, i + kAhead)).unsafeGetTensorImpl()->autograd_meta();
+    if (meta != nullptr) __builtin_prefetch(meta);
+  }
+  if (i + 1 < count) {
+    const at::Tensor& next = THPVariable_Unpack(PyTuple_GET_ITEM(members, i + 1));
+    if (next.unsafeGetTensorImpl()->autograd_meta() != nullptr && next.grad().defined()) {
+      prefetch_lines(next.grad().unsafeGetTensorImpl());
+    }
+  }
 }
 
 // A grad whose storage apexlite may re-point: its own memory, referenced by no other tensor.
@@ -124,7 +149,11 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   int64_t in_place_count = 0;
   int reason = kNone;
   for (Py_ssize_t i = 0; i < count; ++i) {
+    prefetch_member(members, i, count);
     const at::Tensor& param = THPVariable_Unpack(PyTuple_GET_ITEM(members, i));
+    // The kernel writes the params through raw pointers. Bumped here, while the param is at hand: a
+    // step that then takes the per-tensor path bumps them again, which is harmless.
+    param.unsafeGetTensorImpl()->bump_version();
     if (reinterpret_cast<int64_t>(param.data_ptr()) != expected[i]) return verdict(kParamMoved);
     const at::Tensor& grad = param.grad();
     if (!grad.defined()) return verdict(kMissingGrad);
@@ -176,9 +205,6 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
     c10::TensorImpl* impl = moving[i].unsafeGetTensorImpl();
     impl->set_storage_keep_dtype(flat.storage());
     impl->set_storage_offset(moving_offsets[i]);
-  }
-  for (Py_ssize_t i = 0; i < count; ++i) {  // the kernel writes them through raw pointers
-    THPVariable_Unpack(PyTuple_GET_ITEM(members, i)).unsafeGetTensorImpl()->bump_version();
   }
   return Py_BuildValue("iiN", kReady, kNone, THPVariable_Wrap(flat));
   END_HANDLE_TH_ERRORS

@@ -5,7 +5,8 @@ NOTE [flat grads]
   is None (after ``zero_grad(set_to_none=True)``, torch's and FusedAdam's default; amp O2 clears
   them before each backward too).
 - A step whose members' grads all live in one grad buffer of the set's layout runs on that buffer:
-  nothing is copied. Fresh grads are copied into the buffer (one pass over them) and each grad
+  nothing is copied. Fresh grads are copied into the buffer (one pass over them: memcpy on the CPU,
+  one launch of apexlite::flat_gather_ on a GPU, its table built in one C++ loop) and each grad
   tensor is then re-pointed into it: the same Python object with the same shape, strides and values,
   only its storage moves. So ``.grad`` keeps its identity (GradScaler's contract: the unscaled grads
   land in the tensors ``.grad`` holds), a later backward that adds into it (gradient accumulation,

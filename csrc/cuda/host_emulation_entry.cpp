@@ -1,8 +1,9 @@
-// C entry points of the host emulation build (APEXLITE_CUDA_HOST_EMULATION): csrc/cuda/fused_adam.cu and
-// fused_adam_flat.cu compiled by g++ and loaded with ctypes by tests/csrc/emulated_cuda.py. Pointers are host memory.
-// Never part of apexlite._C.
+// C entry points of the host emulation build (APEXLITE_CUDA_HOST_EMULATION): csrc/cuda/fused_adam.cu,
+// fused_adam_flat.cu and flat_gather.cu compiled by g++ and loaded with ctypes by
+// tests/csrc/emulated_cuda.py. Pointers are host memory. Never part of apexlite._C.
 #include <cstdint>
 
+#include "flat_gather.h"
 #include "launchers.h"
 
 using apexlite::AdamHyper;
@@ -61,6 +62,15 @@ int apexlite_emulated_fused_adam_flat(void* param, void* grad, void* exp_avg, vo
   const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, bias_correction != 0};
   return static_cast<int>(apexlite::cuda::launch_fused_adam_flat(
       buffers, hyper, adam_w_mode ? AdamMode::kDecoupled : AdamMode::kL2, grad_scale, found_inf, nullptr));
+}
+
+// launch_flat_gather on host memory: sources[i] (an address), targets[i] (a byte offset in flat) and
+// bytes[i] per source, chunked by gather_table() as the torch binding does. Returns the cudaError_t value.
+int apexlite_emulated_flat_gather(void* flat, const uint64_t* sources, const int64_t* targets, const int64_t* bytes,
+                                  int64_t count) {
+  const std::vector<apexlite::cuda::GatherEntry> table = apexlite::cuda::gather_table(sources, targets, bytes, count);
+  return static_cast<int>(apexlite::cuda::launch_flat_gather(flat, table.data(), static_cast<int64_t>(table.size()),
+                                                             nullptr));
 }
 
 // Copies up to `capacity` recorded launches (blocks, threads) into `out` and clears the record;

@@ -62,5 +62,12 @@ struct AdamFlatBuffers {
 cudaError_t launch_fused_adam_flat(const AdamFlatBuffers& buffers, const AdamHyper& hyper, AdamMode mode,
                                    const float* grad_scale, const float* found_inf, cudaStream_t stream);
 
+struct GatherEntry;  // flat_gather.h
+constexpr int64_t kMaxGridBlocks = 1 << 30;  // blocks per launch (the device allows 2^31 - 1)
+
+// Enqueues the copy of every table entry's bytes into `flat` (a device buffer) on `stream`; `table` is
+// device memory holding `entries` entries (flat_gather.h).
+cudaError_t launch_flat_gather(void* flat, const GatherEntry* table, int64_t entries, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace apexlite

@@ -143,4 +143,25 @@ inline void check_fused_adam_flat_args(const at::Tensor& param, const at::Tensor
   check_flag(found_inf, param.device(), "found_inf");
 }
 
+// Validates the arguments of apexlite::flat_gather_ for the given backend.
+inline void check_flat_gather_args(const at::Tensor& flat, at::TensorList sources, at::IntArrayRef offsets,
+                                   at::DeviceType backend) {
+  TORCH_CHECK(flat.device().type() == backend && flat.layout() == at::kStrided && flat.dim() == 1 &&
+                  flat.is_contiguous(),
+              "apexlite.flat_gather_: flat must be a contiguous 1-D ", c10::DeviceTypeName(backend),
+              " tensor; got shape ", flat.sizes(), " on ", flat.device(), ".");
+  TORCH_CHECK(offsets.size() == sources.size(), "apexlite.flat_gather_: ", sources.size(), " sources but ",
+              offsets.size(), " offsets; give one offset per source.");
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const at::Tensor& s = sources[i];
+    TORCH_CHECK(s.device() == flat.device() && s.scalar_type() == flat.scalar_type() && s.layout() == at::kStrided &&
+                    s.is_non_overlapping_and_dense(),
+                "apexlite.flat_gather_: sources[", i, "] must be a dense ", flat.scalar_type(), " tensor on ",
+                flat.device(), " (its elements one block of memory); got ", s.scalar_type(), " on ", s.device(),
+                " with strides ", s.strides(), ".");
+    TORCH_CHECK(offsets[i] >= 0 && offsets[i] + s.numel() <= flat.numel(), "apexlite.flat_gather_: sources[", i,
+                "] (", s.numel(), " elements) does not fit in flat (", flat.numel(), ") at offset ", offsets[i], ".");
+  }
+}
+
 }  // namespace apexlite

@@ -17,9 +17,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
 
 #include <cstring>
 #include <vector>
+
+#include "checks.h"
 
 namespace apexlite {
 namespace {
@@ -85,22 +89,36 @@ bool movable(const at::Tensor& grad) {
          !grad.key_set().has(c10::DispatchKey::Python) && grad.storage().use_count() == 1;
 }
 
-// Copies each grad's dense block to its offset in `flat`'s storage.
+// apexlite::flat_gather_ on the CPU: one memcpy per source (the sources are dense and of flat's dtype).
+void flat_gather_cpu(const at::Tensor& flat, at::TensorList sources, at::IntArrayRef offsets) {
+  check_flat_gather_args(flat, sources, offsets, at::kCPU);
+  char* base = static_cast<char*>(flat.data_ptr());
+  const int64_t size = flat.element_size();
+  at::parallel_for(0, static_cast<int64_t>(sources.size()), 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      std::memcpy(base + offsets[i] * size, sources[i].data_ptr(), sources[i].numel() * size);
+    }
+  });
+}
+
+// Copies each grad into `flat` at its offset: the gather kernel where the device has one (one launch
+// whatever the number of grads), else one foreach copy (apexlite's CUDA kernel not loaded).
 void copy_into(const at::Tensor& flat, const std::vector<at::Tensor>& grads, const std::vector<int64_t>& offsets) {
   if (flat.is_cpu()) {
-    const int64_t size = flat.element_size();
-    char* base = static_cast<char*>(flat.data_ptr()) - flat.storage_offset() * size;  // the storage's start
-    at::parallel_for(0, static_cast<int64_t>(grads.size()), 64, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        std::memcpy(base + offsets[i] * size, grads[i].data_ptr(), grads[i].numel() * size);
-      }
-    });
+    flat_gather_cpu(flat, grads, offsets);
+    return;
+  }
+  static const auto gather = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("apexlite::flat_gather_", "")
+                                 .typed<void(const at::Tensor&, at::TensorList, at::IntArrayRef)>();
+  if (gather.hasKernelForDispatchKey(flat.key_set().highestPriorityTypeId())) {
+    gather.call(flat, grads, offsets);
     return;
   }
   std::vector<at::Tensor> targets, sources;
   for (size_t i = 0; i < grads.size(); ++i) {
     const int64_t n = grads[i].numel();
-    targets.push_back(flat.as_strided({n}, {1}, offsets[i]));
+    targets.push_back(flat.narrow(0, offsets[i], n));
     sources.push_back(grads[i].as_strided({n}, {1}));  // the grad's dense block in memory order
   }
   at::_foreach_copy_(targets, sources);
@@ -193,18 +211,18 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   at::Tensor flat = at::empty({0}, grad_like.options());
   flat.set_(reuse ? buffer : at::empty({shift + total}, grad_like.options()).storage(), shift, {total}, {1});
   std::vector<at::Tensor> moving;
-  std::vector<int64_t> moving_offsets;  // in the storage
+  std::vector<int64_t> moving_offsets;  // in `flat`
   for (Py_ssize_t i = 0; i < count; ++i) {
     if (!(reuse && in_place[i])) {
       moving.push_back(grads[i]);
-      moving_offsets.push_back(shift + offsets[i]);
+      moving_offsets.push_back(offsets[i]);
     }
   }
   if (!moving.empty()) copy_into(flat, moving, moving_offsets);
   for (size_t i = 0; i < moving.size(); ++i) {
     c10::TensorImpl* impl = moving[i].unsafeGetTensorImpl();
     impl->set_storage_keep_dtype(flat.storage());
-    impl->set_storage_offset(moving_offsets[i]);
+    impl->set_storage_offset(shift + moving_offsets[i]);
   }
   return Py_BuildValue("iiN", kReady, kNone, THPVariable_Wrap(flat));
   END_HANDLE_TH_ERRORS
@@ -221,5 +239,7 @@ PyMethodDef kFunctions[] = {
 }  // namespace
 
 int register_flat_grad_functions(PyObject* module) { return PyModule_AddFunctions(module, kFunctions); }
+
+TORCH_LIBRARY_IMPL(apexlite, CPU, m) { m.impl("flat_gather_", &flat_gather_cpu); }
 
 }  // namespace apexlite

@@ -31,6 +31,9 @@ TORCH_LIBRARY(apexlite, m) {
       "Tensor(d!) steps, Tensor(e!)? model_copy, *, float lr, float beta1, float beta2, float eps, "
       "float weight_decay, bool bias_correction, bool adam_w_mode, Tensor? grad_scale=None, "
       "Tensor? found_inf=None, bool unscale_grads=False) -> ()");
+  // Copies each source's elements, in memory order (sources are dense, of flat's dtype and device),
+  // to flat[offsets[i]:offsets[i] + numel]: how fresh grads move into a flat grad buffer in one launch.
+  m.def("flat_gather_(Tensor(a!) flat, Tensor[] sources, int[] offsets) -> ()");
 }
 
 namespace apexlite {

@@ -1,5 +1,5 @@
-"""The CUDA kernels' own source (csrc/cuda/fused_adam.cu, fused_adam_flat.cu) built for the CPU with g++ and
-called via ctypes.
+"""The CUDA kernels' own source (csrc/cuda/fused_adam.cu, fused_adam_flat.cu, flat_gather.cu) built for the
+CPU with g++ and called via ctypes.
 
 ``csrc/cuda/host_emulation.h`` stands in for the CUDA built-ins; every launch runs each block and
 thread serially (see that header for why this is exact). The library is built once per source
@@ -22,7 +22,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
-SOURCES = ("cuda/fused_adam.cu", "cuda/fused_adam_flat.cu", "cuda/host_emulation_entry.cpp")
+SOURCES = ("cuda/fused_adam.cu", "cuda/fused_adam_flat.cu", "cuda/flat_gather.cu", "cuda/host_emulation_entry.cpp")
 # -ffp-contract=off as setup.py's CPU kernel flags: no fused multiply-adds, so every float operation
 # rounds as written and the two host builds can be compared bit for bit.
 FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-DAPEXLITE_CUDA_HOST_EMULATION",
@@ -85,7 +85,7 @@ def _pointers(tensors: Sequence[torch.Tensor]):
 
 
 class EmulatedKernels:
-    """``fused_adam_`` and ``fused_adam_flat_`` with the ops' arguments, run by the CUDA kernels' code on CPU tensors."""
+    """``fused_adam_``, ``fused_adam_flat_`` and ``flat_gather_`` run by the CUDA kernels' code on CPU tensors."""
 
     def __init__(self, path: Path) -> None:
         self._lib = ctypes.CDLL(str(path))
@@ -97,6 +97,8 @@ class EmulatedKernels:
         self._lib.apexlite_emulated_fused_adam_flat.argtypes = (
             [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 4
             + [ctypes.c_double] * 5 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int])
+        self._lib.apexlite_emulated_flat_gather.restype = ctypes.c_int
+        self._lib.apexlite_emulated_flat_gather.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64]
         self._lib.apexlite_emulated_take_launches.restype = ctypes.c_int64
         self._lib.apexlite_emulated_take_launches.argtypes = [ctypes.c_void_p, ctypes.c_int64]
 
@@ -141,6 +143,17 @@ class EmulatedKernels:
             None if found_inf is None else found_inf.data_ptr(), int(unscale_grads))
         if error != 0:
             raise RuntimeError(f"emulated launch_fused_adam_flat returned cudaError {error}")
+
+    def flat_gather_(self, flat: torch.Tensor, sources: List[torch.Tensor], offsets: List[int]) -> None:
+        """Runs launch_flat_gather: each (dense, flat-dtype) source's memory to flat[offset:offset + numel]."""
+        size = flat.element_size()
+        count = max(len(sources), 1)
+        error = self._lib.apexlite_emulated_flat_gather(
+            flat.data_ptr(), (ctypes.c_uint64 * count)(*[s.data_ptr() for s in sources]),
+            (ctypes.c_int64 * count)(*[o * size for o in offsets]),
+            (ctypes.c_int64 * count)(*[s.numel() * size for s in sources]), len(sources))
+        if error != 0:
+            raise RuntimeError(f"emulated launch_flat_gather returned cudaError {error}")
 
     def take_launches(self) -> List[Tuple[int, int]]:
         """(blocks, threads) of every launch since the last call, in order."""

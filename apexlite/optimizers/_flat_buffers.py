@@ -7,7 +7,8 @@ NOTE [flat buffers]
   or the params themselves), the fp16/bf16 params written from masters, ``exp_avg``, ``exp_avg_sq``
   and one step counter per param; at most MAX_BUFFER_ELEMENTS elements per buffer.
 - Every tensor keeps its Python object: a param, a master, a moment or a step counter is re-pointed
-  into its buffer (same shape, strides and values; ``Tensor.set_``), so ``model.parameters()`` holds
+  into its buffer (same shape, strides and values; _flat_memory.py), a param through ``.data`` so that
+  its autograd node and the hooks on it (DDP's) stay, so ``model.parameters()`` holds
   the same Parameters, ``state_dict()`` keeps torch's format (one ``exp_avg``/``exp_avg_sq``/``step``
   per param) and memory holds one copy of each. Only plain Parameters that alone use their memory,
   dense, non-empty, of a supported dtype, on a device with a fused path, are flattened; the others
@@ -33,20 +34,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from apexlite._logging import get_logger
 from apexlite.optimizers import _adam_state as adam_state
 from apexlite.optimizers._flat_grads import GROUP_CHANGED, MAX_FRESH_AVERAGE_CPU, READY, REASONS, REBUILD, flat_grads
+from apexlite.optimizers._flat_memory import OwnedBuffers, alias, flattenable, move_into, new_buffer, repoint, start_of
 from apexlite.optimizers._watched_state import Watch, WatchedState, WatchedStateMap
 
 MAX_BUFFER_ELEMENTS = 1 << 28
 MAX_REBUILDS = 4
-# Where each role's buffer starts in its allocation, in bytes. Large allocations all start at the same
-# offset within a page, and a CPU loop streaming four arrays whose addresses agree modulo 4096 stalls
-# on 4K aliasing (the step ran about 40% slower); distinct starts avoid it. Multiples of 512 keep the
-# CUDA kernel's vector loads aligned.
-START_BYTES = {"weights": 0, "copies": 512, "exp_avg": 1024, "exp_avg_sq": 2048, "grad": 3072}
 _log = get_logger("optimizers")
 
 
@@ -84,69 +80,6 @@ class GroupLayout:
     outsiders: List[torch.Tensor]  # never flattened
     waiting: List[torch.Tensor]  # had no grad at the build: a grad now rebuilds the layout
     stale: bool = False
-
-
-class OwnedBuffers:
-    """The buffers this owner made and that are still alive, known by address (weakly held)."""
-
-    def __init__(self) -> None:
-        self._refs: Dict[int, StorageWeakRef] = {}
-
-    def add(self, buffer: torch.Tensor) -> None:
-        self._refs[buffer.untyped_storage().data_ptr()] = StorageWeakRef(buffer.untyped_storage())
-
-    def __contains__(self, storage: torch.UntypedStorage) -> bool:
-        ref = self._refs.get(storage.data_ptr())
-        return ref is not None and not ref.expired()  # a live storage at that address can only be ours
-
-    def prune(self) -> None:
-        self._refs = {address: ref for address, ref in self._refs.items() if not ref.expired()}
-
-
-def _flattenable(param: torch.Tensor, has_fused_path: Callable[[torch.device], bool], owned: OwnedBuffers) -> bool:
-    """A plain Parameter on dense memory of its own (or in one of our buffers), of a dtype and on a
-    device the fused paths take."""
-    if type(param) not in (torch.nn.Parameter, torch.Tensor) or param.layout != torch.strided:
-        return False
-    if param.dtype not in adam_state.SUPPORTED_DTYPES or param.numel() == 0 or param.is_inference():
-        return False
-    if not adam_state.is_dense(param) or param._is_view() or not has_fused_path(param.device):
-        return False
-    storage = param.untyped_storage()
-    if storage in owned:
-        return True
-    whole = param.storage_offset() == 0 and storage.nbytes() == param.numel() * param.element_size()
-    return whole and torch._C._storage_Use_Count(storage._cdata) == 2  # the param's and this handle
-
-
-def _start(role: str, dtype: torch.dtype) -> int:
-    return START_BYTES[role] // torch.empty(0, dtype=dtype).element_size()
-
-
-def _buffer(role: str, total: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed 1-D buffer of ``total`` elements for ``role``, at its own start in its allocation."""
-    start = _start(role, dtype)
-    storage = torch.zeros(start + total, dtype=dtype, device=device).untyped_storage()
-    return torch.empty(0, dtype=dtype, device=device).set_(storage, start, (total,), (1,))
-
-
-def _alias(buffer: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
-    """A tensor of ``like``'s shape and strides on ``buffer``'s memory from ``offset`` (no autograd base)."""
-    return torch.empty(0, dtype=buffer.dtype, device=buffer.device).set_(
-        buffer.untyped_storage(), buffer.storage_offset() + offset, like.shape, like.stride())
-
-
-def _move(state: Dict[str, Any], key: str, buffer: torch.Tensor, offset: int, like: torch.Tensor) -> None:
-    """Points ``state[key]`` at ``buffer`` from ``offset``: the same tensor object when it can be."""
-    current = state.get(key)
-    if (current is not None and current.dtype == buffer.dtype and current.device == buffer.device
-            and current.shape == like.shape):
-        try:
-            current.set_(buffer.untyped_storage(), buffer.storage_offset() + offset, like.shape, like.stride())
-            return
-        except RuntimeError:  # made by .detach()/.data: no metadata changes allowed
-            pass
-    dict.__setitem__(state, key, _alias(buffer, offset, like))
 
 
 def _step_values(states: Sequence[Dict[str, Any]]) -> List[float]:
@@ -246,7 +179,7 @@ class FlatBuffers:
         self._owned.prune()
         outsiders, waiting, joining = [], [], []
         for param in group["params"]:
-            if not _flattenable(param, has_fused_path, self._owned):
+            if not flattenable(param, has_fused_path, self._owned):
                 outsiders.append(param)
                 continue
             grad, masters_own = adam_state.step_grad(param, state.get(param))
@@ -275,21 +208,21 @@ class FlatBuffers:
         state = self._state_map
         offsets = [0] + list(itertools.accumulate(p.numel() for p in params))
         total = offsets.pop()
-        weights = _buffer("weights", total, torch.float32 if master else param_dtype, device)
-        copies = _buffer("copies", total, param_dtype, device) if master else None
-        exp_avg, exp_avg_sq = (_buffer(role, total, moment_dtype, device) for role in ("exp_avg", "exp_avg_sq"))
+        weights = new_buffer("weights", total, torch.float32 if master else param_dtype, device)
+        copies = new_buffer("copies", total, param_dtype, device) if master else None
+        exp_avg, exp_avg_sq = (new_buffer(role, total, moment_dtype, device) for role in ("exp_avg", "exp_avg_sq"))
         steps = torch.full((len(params),), step, dtype=torch.float32, device=device)
         targets, sources = [], []
         for param, offset in zip(params, offsets):
             entry = state[param]
-            targets.append(_alias(weights, offset, param))
+            targets.append(alias(weights, offset, param))
             sources.append(entry.get("master_param", param))
             if copies is not None:
-                targets.append(_alias(copies, offset, param))
+                targets.append(alias(copies, offset, param))
                 sources.append(param)
             for key, buffer in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
                 if key in entry:
-                    targets.append(_alias(buffer, offset, param))
+                    targets.append(alias(buffer, offset, param))
                     sources.append(entry[key])
         with torch.no_grad():
             torch._foreach_copy_(targets, sources)
@@ -299,19 +232,19 @@ class FlatBuffers:
                 dict.__setitem__(state, param, entry)
                 self._watches[param] = watch
                 model = copies if copies is not None else weights
-                param.set_(model.untyped_storage(), model.storage_offset() + offset, param.shape, param.stride())
+                repoint(param, alias(model, offset, param))
                 if copies is not None:
-                    _move(entry, "master_param", weights, offset, param)
-                _move(entry, "exp_avg", exp_avg, offset, param)
-                _move(entry, "exp_avg_sq", exp_avg_sq, offset, param)
-                _move(entry, "step", steps, index, steps[index])
+                    move_into(entry, "master_param", weights, offset, param)
+                move_into(entry, "exp_avg", exp_avg, offset, param)
+                move_into(entry, "exp_avg_sq", exp_avg_sq, offset, param)
+                move_into(entry, "step", steps, index, steps[index])
         self._owned.add(weights if copies is None else copies)
         masters = tuple(state[p]["master_param"] for p in params) if copies is not None else None
         return FlatSet(
             members=tuple(params), masters=masters, weights=weights, copies=copies, exp_avg=exp_avg,
             exp_avg_sq=exp_avg_sq, steps=steps, param_ptrs=torch.tensor([p.data_ptr() for p in params]),
             offsets=torch.tensor(offsets, dtype=torch.int64),
-            grad_like=torch.empty(0, dtype=grad_dtype, device=device), grad_start=_start("grad", grad_dtype),
+            grad_like=torch.empty(0, dtype=grad_dtype, device=device), grad_start=start_of("grad", grad_dtype),
             watch=watch)
 
 

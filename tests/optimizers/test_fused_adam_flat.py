@@ -159,6 +159,32 @@ def test_params_keep_their_objects_and_share_one_buffer_per_role():
     assert not all(torch.equal(p, b) for p, b in zip(params, before))  # (and the step did update them)
 
 
+
+@pytest.mark.parametrize("dtype, master_weights", [(torch.float32, False), (torch.bfloat16, True)])
+def test_hooks_on_params_keep_firing_after_the_buffers_are_built(dtype, master_weights):
+    """DDP's reducer hooks each param's grad accumulator: moving a param into its buffer must keep
+    that node (Tensor.set_ would make a new one and DDP would silently stop reducing). As torch's Adam."""
+    fired = defaultdict(int)
+    runs, accumulators = [], []  # held, as DDP holds them: autograd keeps a param's node weakly
+    for name, make in (("fused", lambda ps: FusedAdam(ps, master_weights=master_weights, **HYPER)),
+                       ("torch", lambda ps: torch.optim.Adam(ps, lr=1e-2))):
+        params = make_params(dtype)
+        for index, p in enumerate(params):
+            accumulators.append(p.view_as(p).grad_fn.next_functions[0][0])
+            accumulators[-1].register_hook(lambda *_, key=(name, "node", index): fired.__setitem__(key, fired[key] + 1))
+            p.register_post_accumulate_grad_hook(lambda _, key=(name, "post", index): fired.__setitem__(
+                key, fired[key] + 1))
+        runs.append((name, params, make(params)))
+    for _ in range(3):
+        for name, params, opt in runs:
+            opt.zero_grad()
+            sum(p.float().sum() for p in params).backward()
+            opt.step()
+    assert len(runs[0][1][0].untyped_storage()) > runs[0][1][0].nbytes  # (the params did move into a buffer)
+    assert {key: count for key, count in fired.items() if key[0] == "fused"} == {
+        ("fused",) + key[1:]: count for key, count in fired.items() if key[0] == "torch"}
+    assert set(fired.values()) == {3}
+
 def test_state_dict_has_torchs_format_and_loads_weights_only():
     params = make_params()
     opt, ref = FusedAdam(params, **HYPER), torch.optim.AdamW(make_params(), **HYPER)

@@ -94,3 +94,24 @@ def test_no_warning_where_weight_decay_is_off(caplog):
     with caplog.at_level(logging.WARNING, logger="apexlite"):
         ours.load_state_dict(checkpoint)
     assert ours.param_groups[0]["adam_w_mode"] is True and _warnings(caplog) == []
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("built", [False, True], ids=["into-l2", "into-adamw"])
+def test_torch_adamw_checkpoint_trains_as_torch_adamw_resumed(implementation, built, caplog):
+    """A torch.optim.AdamW checkpoint: FusedAdam resumes it as AdamW itself does, whatever its own mode."""
+    params = fp32_leaves([torch.randn(12), torch.randn(3, 4)])
+    source = torch.optim.AdamW(params, foreach=False, **HYPER)
+    _run(source, params, 3)
+    ref_params, ours_params = fp32_leaves(params), fp32_leaves(params)
+    ref = torch.optim.AdamW(ref_params, foreach=False, **HYPER)
+    ref.load_state_dict(source.state_dict())
+    ours = FusedAdam(ours_params, adam_w_mode=built, implementation=implementation, **HYPER)
+    with caplog.at_level(logging.WARNING, logger="apexlite"):
+        ours.load_state_dict(source.state_dict())
+    assert ours.param_groups[0]["adam_w_mode"] is True
+    assert len(_warnings(caplog)) == (0 if built else 1)
+    _run(ref, ref_params, 10, first=3)
+    _run(ours, ours_params, 10, first=3)
+    for p, r in zip(ours_params, ref_params):
+        assert_close(p, r)

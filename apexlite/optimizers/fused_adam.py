@@ -44,29 +44,6 @@ def _flag_on(value: Union[None, float, torch.Tensor], device: torch.device) -> O
     return torch.full((1,), float(value), dtype=torch.float32, device=device)
 
 
-def _mode_name(adam_w_mode: bool) -> str:
-    return "decoupled weight decay (AdamW)" if adam_w_mode else "L2 weight decay (Adam)"
-
-
-def _settle_weight_decay_modes(groups: List[Dict[str, Any]], built_modes: List[bool]) -> None:
-    """Each loaded group's weight-decay mode: the checkpoint's when it names one (``adam_w_mode``, or torch's
-    ``decoupled_weight_decay``), as torch.optim.Adam, whose mode is a constructor flag too, takes every
-    hyper-parameter of a loaded group; the constructor's otherwise. Warns once where they differ and
-    weight decay is on (without it the modes update alike)."""
-    differ = []
-    for group, built in zip(groups, built_modes):
-        torch_mode = group.pop("decoupled_weight_decay", None)  # adam_w_mode is the key the step reads
-        saved = group.get("adam_w_mode", torch_mode)
-        group["adam_w_mode"] = built if saved is None else bool(saved)
-        if group["adam_w_mode"] != built and group["weight_decay"] != 0:
-            differ.append(built)
-    if differ:
-        _log.warning("FusedAdam.load_state_dict: %d param group(s) of the checkpoint use %s, but this optimizer was "
-                     "built with %s; the checkpoint's mode wins, as torch.optim.Adam takes a checkpoint's "
-                     "decoupled_weight_decay. To train with the constructor's mode, set group['adam_w_mode'] after "
-                     "loading.", len(differ), _mode_name(not differ[0]), _mode_name(differ[0]))
-
-
 class FusedAdam(ApexStyleOptimizer):
     r"""Adam (``adam_w_mode=False``) and AdamW (``True``, apex's default) with apex's constructor: one fused
     step in float32 math, matching ``torch.optim.Adam`` / ``AdamW`` to float32 rounding, on CPU and CUDA.
@@ -201,7 +178,7 @@ class FusedAdam(ApexStyleOptimizer):
         built_modes = [group["adam_w_mode"] for group in self.param_groups]
         self._flat.invalidate()
         super().load_state_dict(state_dict)
-        _settle_weight_decay_modes(self.param_groups, built_modes)
+        adam_state.settle_weight_decay_modes(self.param_groups, built_modes)
         if len({group["adam_w_mode"] for group in self.param_groups}) == 1:
             self.adam_w_mode = int(self.param_groups[0]["adam_w_mode"])
         handed_over = 0

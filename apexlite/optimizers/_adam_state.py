@@ -1,4 +1,4 @@
-"""Per-parameter FusedAdam state: creation, layout matching, checkpoint restore, and bucketing.
+"""Per-parameter FusedAdam state: creation, layout matching, checkpoint restore (the weight-decay mode included), bucketing.
 
 State keys follow torch.optim.Adam so checkpoints move between torch, apex and apexlite:
 ``step`` (float32 scalar tensor on the param's device), ``exp_avg``, ``exp_avg_sq``, plus
@@ -7,13 +7,16 @@ State keys follow torch.optim.Adam so checkpoints move between torch, apex and a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+
+from apexlite._logging import get_logger
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 MOMENT_KEYS = ("exp_avg", "exp_avg_sq")
+_log = get_logger("optimizers")
 
 
 @dataclass
@@ -195,3 +198,26 @@ def add_to_bucket(buckets: Dict[Tuple, Bucket], param: torch.Tensor, grad: torch
     if target is not param:
         bucket.model_copies.append(param)
     bucket.written.append(param)
+
+
+def _mode_name(adam_w_mode: bool) -> str:
+    return "decoupled weight decay (AdamW)" if adam_w_mode else "L2 weight decay (Adam)"
+
+
+def settle_weight_decay_modes(groups: List[Dict[str, Any]], built_modes: List[bool]) -> None:
+    """Each loaded group's weight-decay mode: the checkpoint's when it names one (``adam_w_mode``, or torch's
+    ``decoupled_weight_decay``), as torch.optim.Adam, whose mode is a constructor flag too, takes every
+    hyper-parameter of a loaded group; the constructor's otherwise. Warns once where they differ and
+    weight decay is on (without it the modes update alike)."""
+    differ = []
+    for group, built in zip(groups, built_modes):
+        torch_mode = group.pop("decoupled_weight_decay", None)  # adam_w_mode is the key the step reads
+        saved = group.get("adam_w_mode", torch_mode)
+        group["adam_w_mode"] = built if saved is None else bool(saved)
+        if group["adam_w_mode"] != built and group["weight_decay"] != 0:
+            differ.append(built)
+    if differ:
+        _log.warning("FusedAdam.load_state_dict: %d param group(s) of the checkpoint use %s, but this optimizer was "
+                     "built with %s; the checkpoint's mode wins, as torch.optim.Adam takes a checkpoint's "
+                     "decoupled_weight_decay. To train with the constructor's mode, set group['adam_w_mode'] after "
+                     "loading.", len(differ), _mode_name(not differ[0]), _mode_name(differ[0]))

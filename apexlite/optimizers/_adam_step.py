@@ -122,3 +122,27 @@ def fused_adam_step(
         grad_scale=grad_scale, found_inf=found_inf, unscale_grads=unscale_grads, **extra,
     )
     return path
+
+
+def fused_adam_flat_step(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    steps: torch.Tensor,
+    model_copy: Optional[torch.Tensor],
+    *,
+    path: str,
+    workspace: Optional[_torch_fused.Workspace] = None,
+    **hyper,
+) -> None:
+    """One step over flat buffers (the ``apexlite::fused_adam_flat_`` contract, ``csrc/torch/ops.cpp``) on
+    ``path``, "kernel" or "torch" (see :func:`resolve`); ``hyper`` holds fused_adam_step's keywords."""
+    if path == "kernel":
+        torch.ops.apexlite.fused_adam_flat_(param, grad, exp_avg, exp_avg_sq, steps, model_copy, **hyper)
+        return
+    if path != "torch":
+        raise ValueError(f"flat buffers run on the kernel or torch path, not {path!r}")
+    _torch_fused.torch_fused_adam_step(
+        [param], [grad], [exp_avg], [exp_avg_sq], [steps[:1]], [] if model_copy is None else [model_copy],
+        counters=[steps], workspace=workspace, **hyper)

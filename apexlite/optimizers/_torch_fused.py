@@ -143,11 +143,14 @@ def torch_fused_adam_step(
     found_inf: Optional[torch.Tensor] = None,
     unscale_grads: bool = False,
     workspace: Optional[Workspace] = None,
+    counters: Optional[List[torch.Tensor]] = None,
 ) -> None:
     """The ``apexlite::fused_adam_`` contract on torch's fused ops (see NOTE [torch fused path]).
 
     ``workspace`` keeps the scratch memory for the next call (FusedAdam passes its own); without
-    one the scratch is allocated for this call only.
+    one the scratch is allocated for this call only. ``counters`` are the tensors the step advances
+    when they are not ``state_steps`` themselves (flat buffers: all of a set's counters, of which
+    ``state_steps`` holds the first).
     """
     if not params:
         return
@@ -158,7 +161,8 @@ def torch_fused_adam_step(
     op = torch._fused_adamw_ if adam_w_mode and weight_decay != 0 else torch._fused_adam_
     hyper = dict(lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False,
                  grad_scale=grad_scale, found_inf=found_inf)
-    torch._foreach_add_(state_steps, 1.0)
+    counters = state_steps if counters is None else counters
+    torch._foreach_add_(counters, 1.0)
     steps = state_steps
     if not bias_correction:
         steps = [torch.full((), float("inf"), device=device)] * len(params)
@@ -173,7 +177,7 @@ def torch_fused_adam_step(
         _sliced_step(op, hyper, lists, scratch, steps, model_copies, workspace or Workspace(),
                      write_grads=grad_scale is not None and unscale_grads)
     if found_inf is not None:
-        torch._foreach_sub_(state_steps, [found_inf] * len(state_steps))
+        torch._foreach_sub_(counters, [found_inf] * len(counters))
 
 
 def _sliced_step(op, hyper: dict, lists, scratch: List[bool], steps: List[torch.Tensor],

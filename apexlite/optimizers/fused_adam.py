@@ -10,7 +10,8 @@ from apexlite._logging import get_logger
 from apexlite.optimizers import _adam_state as adam_state
 from apexlite.optimizers import multi_tensor
 from apexlite.optimizers._base import ApexStyleOptimizer
-from apexlite.optimizers._adam_step import IMPLEMENTATIONS, bump_versions, fused_adam_step
+from apexlite.optimizers._adam_step import IMPLEMENTATIONS, bump_versions, fused_adam_flat_step, fused_adam_step, resolve
+from apexlite.optimizers._flat_buffers import FlatBuffers
 from apexlite.optimizers._grad_writeback import check_grads_writable
 from apexlite.optimizers._torch_fused import Workspace, foreach_copy
 
@@ -44,93 +45,28 @@ def _flag_on(value: Union[None, float, torch.Tensor], device: torch.device) -> O
 
 
 class FusedAdam(ApexStyleOptimizer):
-    r"""Adam and AdamW with apex's constructor, running one fused update per (device, dtype) group.
+    r"""Adam (``adam_w_mode=False``) and AdamW (``True``, apex's default) with apex's constructor: one fused
+    step in float32 math, matching ``torch.optim.Adam`` / ``AdamW`` to float32 rounding, on CPU and CUDA.
 
-    For each parameter with a gradient, at step :math:`t`:
-
-    .. math::
-        \begin{aligned}
-        g_t &\leftarrow \nabla_\theta / s && s: \text{grad\_scale (1 when unset)} \\
-        g_t &\leftarrow g_t + \lambda\theta_{t-1} && \text{if not adam\_w\_mode (L2)} \\
-        \theta_{t-1} &\leftarrow \theta_{t-1}(1 - \gamma\lambda) && \text{if adam\_w\_mode (decoupled)} \\
-        m_t &\leftarrow \beta_1 m_{t-1} + (1-\beta_1) g_t \\
-        v_t &\leftarrow \beta_2 v_{t-1} + (1-\beta_2) g_t^2 \\
-        \theta_t &\leftarrow \theta_{t-1} - \frac{\gamma}{1-\beta_1^t}\,
-            \frac{m_t}{\sqrt{v_t}/\sqrt{1-\beta_2^t} + \epsilon}
-        \end{aligned}
-
-    (bias corrections are 1 when ``bias_correction=False``). The math is float32 whatever the storage
-    dtypes. Results match ``torch.optim.Adam`` (``adam_w_mode=False``) or ``torch.optim.AdamW``
-    (``adam_w_mode=True``, apex's default) to float32 rounding.
+    Each param group's params and state live in a few flat buffers (one per device, dtypes and step
+    count), so a step is one kernel call per buffer whatever the number of tensors; the params stay
+    the same objects and ``state_dict()`` keeps torch's per-param format. ``flat_buffers=False``
+    keeps every tensor where it is (one call over tensor lists). Full notes: docs/fused_adam.md.
 
     Args:
-        params: parameters or param groups, as for any torch optimizer.
-        lr (float, default 1e-3), betas (default (0.9, 0.999)), eps (default 1e-8),
-            weight_decay (default 0): the usual Adam hyper-parameters; bad values raise ``ValueError``.
-        bias_correction (bool, default True): divide by :math:`1-\beta^t` as Adam does.
-        adam_w_mode (bool, default True): decoupled weight decay (AdamW) instead of L2.
-        amsgrad (bool): must stay False; AMSGrad is not implemented and raises ``RuntimeError``.
-        set_grad_none (bool, default True): what :meth:`zero_grad` does when not told.
-        capturable (bool): accepted for apex compatibility. The CUDA kernel never synchronises with
-            the host in any mode (steps, scale and found_inf stay on the device).
-        master_weights (bool, default False): keep fp32 master weights for fp16/bf16 params (below).
-        exp_avg_dtype (keyword, default float32): storage of both moments, float32 or bfloat16
-            (halves their memory; the math stays float32).
-        implementation (keyword, default "auto"): "auto" (apexlite's compiled kernel if built, else
-            torch's own fused Adam ops, else the pure-torch reference with one warning), "kernel"
-            (error if not built), "torch" (torch's fused ops; error where this torch has none for
-            the device) or "reference" (pure torch, the test oracle). Params whose elements do not
-            fill one dense block (e.g. a strided view) always take the reference path.
+        params, lr (1e-3), betas ((0.9, 0.999)), eps (1e-8), weight_decay (0): as torch.optim.Adam.
+        bias_correction (True), adam_w_mode (True): apex's switches.
+        amsgrad: must stay False (AMSGrad is not implemented; True raises ``RuntimeError``).
+        set_grad_none (True): what :meth:`zero_grad` does when not told.
+        capturable: accepted for apex; no step ever waits for the device.
+        master_weights (False): fp32 masters for fp16/bf16 params, updated with their half copies in one pass.
+        exp_avg_dtype (float32): moments in float32 or bfloat16.
+        implementation ("auto"): "kernel", "torch" (torch's fused ops), "reference" (pure torch) or "auto".
+        flat_buffers (True): keep params and state in flat buffers (docs/fused_adam.md).
 
-    State per param: ``step`` (float32 scalar tensor), ``exp_avg``, ``exp_avg_sq`` (torch's names,
-    so checkpoints load across torch, apex and apexlite; apex's per-group ``step`` is converted on
-    load) and ``master_param`` with master weights.
-
-    .. note:: **Mixed precision.** Gradients may be float32, float16 or bfloat16 independently of the
-       params (e.g. fp32 params whose ``Tensor.grad_dtype`` is bfloat16): the kernel reads them as
-       they are. Without master weights an fp16/bf16 param is updated in float32 registers and
-       rounded back, which stalls once updates drop below its precision.
-
-    .. note:: **(a) Master weights.** With ``master_weights=True`` every fp16/bf16 param gets a
-       float32 master in ``state[p]["master_param"]`` (so it travels in :meth:`state_dict`) and
-       float32 moments. The fused step updates the master and writes the rounded fp16/bf16 copy into
-       the param in the same pass. float32 params are updated directly. Works on CPU and CUDA.
-
-    .. note:: **(b) Switching on later.** :meth:`enable_master_weights` turns master weights on for an
-       optimizer built before its model was cast to half precision, optionally seeding each master
-       from the fp32 weights saved before the cast.
-
-    .. note:: **(c) Loss scaling.** ``step()`` reads two optional attributes, GradScaler's contract
-       for optimizers with ``_step_supports_amp_scaling``: ``self.grad_scale`` (1-element float32
-       tensor holding the loss *scale*; gradients are multiplied by its reciprocal in registers, and
-       the unscaled gradient is stored back into ``.grad``, in place, as torch's fused Adam leaves it;
-       a grad laid out unlike its param, e.g. the grad of a contiguous conv weight fed channels_last
-       input, is read through a copy in the param's layout whose unscaled values are copied back,
-       and a grad whose elements share memory (``expand``) is refused with ``RuntimeError`` before
-       anything changes, as torch's unscale refuses it) and
-       ``self.found_inf`` (1-element float32 tensor; nonzero skips the whole step: params, masters,
-       moments, ``step`` and ``.grad``, still scaled, stay bit-identical). ``torch.amp.GradScaler``
-       sets and deletes them around its ``scaler.step(optimizer)``; apexlite's amp sets them the same
-       way. They stay in effect until deleted. Setting ``leave_grads_scaled = True`` on the instance
-       skips the write-back (one pass less over the grads) for callers that never read ``.grad``
-       after the step; apexlite's amp O2 does so, as apex's O2 left the model's grads scaled.
-
-    .. note:: **(d) amp O2.** Under ``amp.initialize(..., opt_level="O2")`` this optimizer keeps the
-       model's half params in its groups and their fp32 masters in its state; the grad unscale, the
-       master update and the half copy happen in this step (no fp32 grad copies). Set
-       ``amp_fused_master_step = False`` on the instance before ``amp.initialize`` to get apex's
-       separate fp32 master params instead. A master's own ``.grad`` (fp32, unscaled), when set, is
-       used in place of its param's grad and ``grad_scale`` does not apply to it: amp sets it when
-       grads are clipped through ``amp.master_params`` or accumulated over several backward passes.
-
-    .. note:: **(e) Version counters.** After a fused kernel (apexlite's or torch's) writes a param,
-       its autograd version counter is bumped (``torch.autograd.graph.increment_version``), so
-       caches keyed on ``Tensor._version`` (amp's cast cache) see the new values.
-
-    .. note:: **(f) Checkpoints across opt levels.** A checkpoint with fp32 master weights (amp O2,
-       ``master_weights=True``) loaded for float32 params (an O0/O1 run, whose params are their own
-       masters) hands each master to its param: the param takes the master's values and the state
-       keeps no master, so training continues from the full-precision weights.
+    State per param: ``step``, ``exp_avg``, ``exp_avg_sq`` (torch's names) and ``master_param``. Under
+    ``torch.amp.GradScaler`` (or apexlite's amp) ``step()`` reads ``grad_scale``/``found_inf`` and
+    unscales in the kernel, storing the unscaled grads into ``.grad`` unless ``leave_grads_scaled``.
     """
 
     _step_supports_amp_scaling = True
@@ -155,6 +91,7 @@ class FusedAdam(ApexStyleOptimizer):
         *,
         exp_avg_dtype: torch.dtype = torch.float32,
         implementation: str = "auto",
+        flat_buffers: bool = True,
     ) -> None:
         if amsgrad:
             raise RuntimeError("FusedAdam does not implement AMSGrad; use torch.optim.Adam(amsgrad=True).")
@@ -172,6 +109,7 @@ class FusedAdam(ApexStyleOptimizer):
         self.exp_avg_dtype = exp_avg_dtype
         self.implementation = implementation
         self._workspace = Workspace()  # scratch of the torch fused path, reused between steps
+        self._flat = FlatBuffers(enabled=flat_buffers)
         # apex's instance attributes, which subclasses written against apex read (e.g. fairseq's
         # FusedAdamV2 calls self.multi_tensor_adam itself); each group also carries its adam_w_mode
         self.adam_w_mode = 1 if adam_w_mode else 0
@@ -217,6 +155,16 @@ class FusedAdam(ApexStyleOptimizer):
                                      f"{tuple(param.shape)}; pass the pre-cast tensor of the same param")
                 self.state[param]["master_param"] = adam_state.fp32_copy(source, param)
                 adam_state.prepare_state(param, self.state[param])
+        self._flat.invalidate()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """torch's format, with plain dicts (the live state watches its entries, _watched_state.py); each
+        group also names its mode in torch's key, so torch.optim.Adam loading it trains in the same mode."""
+        packed = super().state_dict()
+        packed["state"] = {key: dict(entry) for key, entry in packed["state"].items()}
+        for group in packed["param_groups"]:
+            group["decoupled_weight_decay"] = bool(group["adam_w_mode"])
+        return packed
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Loads torch, apex or apexlite checkpoints, keeping FusedAdam's state dtypes and devices."""
@@ -227,7 +175,12 @@ class FusedAdam(ApexStyleOptimizer):
         params = [p for group in self.param_groups for p in group["params"]]
         by_id = dict(zip(ids, params))
         adam_state.check_checkpoint_shapes(state_dict["state"], by_id)
+        built_modes = [group["adam_w_mode"] for group in self.param_groups]
+        self._flat.invalidate()
         super().load_state_dict(state_dict)
+        adam_state.settle_weight_decay_modes(self.param_groups, built_modes)
+        if len({group["adam_w_mode"] for group in self.param_groups}) == 1:
+            self.adam_w_mode = int(self.param_groups[0]["adam_w_mode"])
         handed_over = 0
         for pid, saved in state_dict["state"].items():
             param = by_id.get(pid)
@@ -260,34 +213,47 @@ class FusedAdam(ApexStyleOptimizer):
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
         store_unscaled = grad_scale is not None and not self.leave_grads_scaled
-        plan = [(group, self._buckets(group)) for group in self.param_groups]
-        if store_unscaled:  # before anything is updated
-            check_grads_writable((pair for _, buckets in plan for bucket in buckets.values()
+        plan = []
+        for group in self.param_groups:
+            flat_calls, rest = self._flat.plan(self, group, self._has_fused_path)
+            plan.append((group, flat_calls, self._buckets(rest)))
+        if store_unscaled:  # before anything is updated (flat grads are laid out like their params)
+            check_grads_writable((pair for _, _, buckets in plan for bucket in buckets.values()
                                   if not bucket.grads_unscaled for pair in bucket.unlike_params), "FusedAdam")
-        for group, buckets in plan:
+        for group, flat_calls, buckets in plan:
             beta1, beta2 = group["betas"]
+            hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                         weight_decay=group["weight_decay"], bias_correction=group["bias_correction"],
+                         adam_w_mode=group["adam_w_mode"], unscale_grads=not self.leave_grads_scaled)
+            for call in flat_calls:  # member versions were bumped by the grad check (NOTE [flat grads])
+                flat, device = call.buffers, call.grad.device
+                fused_adam_flat_step(
+                    flat.weights, call.grad, flat.exp_avg, flat.exp_avg_sq, flat.steps, flat.copies,
+                    path=resolve(self.implementation, device), workspace=self._workspace,
+                    grad_scale=_flag_on(grad_scale, device), found_inf=_flag_on(found_inf, device), **hyper)
             for bucket in buckets.values():
                 bucket_scale = None if bucket.grads_unscaled else _flag_on(grad_scale, bucket.device)
                 path = fused_adam_step(
                     bucket.params, bucket.grads, bucket.exp_avgs, bucket.exp_avg_sqs,
-                    bucket.state_steps, bucket.model_copies,
-                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                    weight_decay=group["weight_decay"], bias_correction=group["bias_correction"],
-                    adam_w_mode=group["adam_w_mode"], grad_scale=bucket_scale,
+                    bucket.state_steps, bucket.model_copies, grad_scale=bucket_scale,
                     found_inf=_flag_on(found_inf, bucket.device),
-                    unscale_grads=not self.leave_grads_scaled,
                     implementation=self.implementation if bucket.dense else "reference",
-                    workspace=self._workspace,
+                    workspace=self._workspace, **hyper,
                 )
                 if path != "reference":  # fused ops write through raw pointers, bypassing the counters
                     bump_versions(bucket.written)
-                if bucket.odd_grads and bucket_scale is not None and store_unscaled:  # into .grad itself (note c)
+                if bucket.odd_grads and bucket_scale is not None and store_unscaled:  # into .grad itself
                     foreach_copy(bucket.odd_grads, bucket.odd_grad_copies)
         return loss
 
-    def _buckets(self, group: Dict[str, Any]) -> Dict[Tuple, adam_state.Bucket]:
+    def _has_fused_path(self, device: torch.device) -> bool:
+        """Whether params on ``device`` take a fused path (kernel or torch ops), which flat buffers need."""
+        return resolve(self.implementation, device) != "reference"
+
+    def _buckets(self, params: List[torch.Tensor]) -> Dict[Tuple, adam_state.Bucket]:
+        """The per-tensor path's buckets for ``params`` (those not in flat buffers this step)."""
         buckets: Dict[Tuple, adam_state.Bucket] = {}
-        for param in group["params"]:
+        for param in params:
             grad, unscaled = adam_state.step_grad(param, self.state.get(param))
             if grad is None:
                 continue

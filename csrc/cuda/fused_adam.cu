@@ -6,6 +6,7 @@
 
 #include "apexlite/adam_math.h"
 #include "cuda_api.h"
+#include "float_types.cuh"
 #include "launch.cuh"
 #include "launchers.h"
 #include "multi_tensor_apply.cuh"
@@ -17,26 +18,6 @@ namespace {
 constexpr int kDepth = 5;  // params, grads, exp_avgs, exp_avg_sqs, model_copies
 constexpr int kParamList = 0, kGradList = 1, kExpAvgList = 2, kExpAvgSqList = 3, kCopyList = 4;
 constexpr int kMaxStepsPerLaunch = 480;
-
-struct NoCopy {};  // the copy type when no half copies are written
-
-template <typename T>
-struct Tag {
-  using type = T;
-};
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 template <typename P, typename G, typename M, typename C, AdamMode kMode>
 __global__ void __launch_bounds__(kBlockSize)
@@ -118,17 +99,6 @@ cudaError_t launch_typed(const AdamTensorLists& l, const AdamHyper& hyper, AdamM
                                     [&](const TensorListMeta<kDepth>& meta, int blocks) {
     return launch_kernel(kernel, blocks, kBlockSize, stream, meta, hyper, grad_scale, found_inf, store_grads);
   });
-}
-
-// Calls fn(Tag<T>{}) with the CUDA type of `kind`.
-template <typename Fn>
-cudaError_t with_type(FloatKind kind, Fn&& fn) {
-  switch (kind) {
-    case FloatKind::kFloat32: return fn(Tag<float>{});
-    case FloatKind::kFloat16: return fn(Tag<__half>{});
-    case FloatKind::kBFloat16: return fn(Tag<__nv_bfloat16>{});
-  }
-  return cudaErrorInvalidValue;
 }
 
 }  // namespace

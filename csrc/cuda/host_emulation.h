@@ -26,6 +26,19 @@ using cudaError_t = cudaError;
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
 
+// --- device queries: one device with kEmulatedSms multiprocessors ----------------------------------
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+constexpr int kEmulatedSms = 4;  // small, so that grid-stride loops take several turns in the tests
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int /*device*/) {
+  if (attribute != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
+  *value = kEmulatedSms;
+  return cudaSuccess;
+}
+
 // --- built-in index variables ---------------------------------------------------------------------
 struct HostDim3 {
   unsigned int x = 0, y = 1, z = 1;

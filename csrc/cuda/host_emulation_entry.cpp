@@ -1,8 +1,9 @@
-// C entry points of the host emulation build (APEXLITE_CUDA_HOST_EMULATION): csrc/cuda/fused_adam.cu
-// compiled by g++ and loaded with ctypes by tests/csrc/emulated_cuda.py. Pointers are host memory.
-// Never part of apexlite._C.
+// C entry points of the host emulation build (APEXLITE_CUDA_HOST_EMULATION): csrc/cuda/fused_adam.cu,
+// fused_adam_flat.cu and flat_gather.cu compiled by g++ and loaded with ctypes by
+// tests/csrc/emulated_cuda.py. Pointers are host memory. Never part of apexlite._C.
 #include <cstdint>
 
+#include "flat_gather.h"
 #include "launchers.h"
 
 using apexlite::AdamHyper;
@@ -36,6 +37,40 @@ int apexlite_emulated_fused_adam(void* const* params, void* const* grads, void* 
   const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, bias_correction != 0};
   return static_cast<int>(apexlite::cuda::launch_fused_adam(
       lists, hyper, adam_w_mode ? AdamMode::kDecoupled : AdamMode::kL2, grad_scale, found_inf, nullptr));
+}
+
+// launch_fused_adam_flat on host pointers; kinds are FloatKind values. Returns the cudaError_t value.
+int apexlite_emulated_fused_adam_flat(void* param, void* grad, void* exp_avg, void* exp_avg_sq, void* model_copy,
+                                      float* steps, int64_t numel, int64_t step_count, int param_kind, int grad_kind,
+                                      int moment_kind, int copy_kind, double lr, double beta1, double beta2,
+                                      double eps, double weight_decay, int bias_correction, int adam_w_mode,
+                                      const float* grad_scale, const float* found_inf, int unscale_grads) {
+  apexlite::cuda::AdamFlatBuffers buffers;
+  buffers.param = param;
+  buffers.grad = grad;
+  buffers.exp_avg = exp_avg;
+  buffers.exp_avg_sq = exp_avg_sq;
+  buffers.model_copy = model_copy;
+  buffers.steps = steps;
+  buffers.numel = numel;
+  buffers.step_count = step_count;
+  buffers.param_kind = static_cast<FloatKind>(param_kind);
+  buffers.grad_kind = static_cast<FloatKind>(grad_kind);
+  buffers.moment_kind = static_cast<FloatKind>(moment_kind);
+  buffers.copy_kind = static_cast<FloatKind>(copy_kind);
+  buffers.unscale_grads = unscale_grads != 0;
+  const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, bias_correction != 0};
+  return static_cast<int>(apexlite::cuda::launch_fused_adam_flat(
+      buffers, hyper, adam_w_mode ? AdamMode::kDecoupled : AdamMode::kL2, grad_scale, found_inf, nullptr));
+}
+
+// launch_flat_gather on host memory: sources[i] (an address), targets[i] (a byte offset in flat) and
+// bytes[i] per source, chunked by gather_table() as the torch binding does. Returns the cudaError_t value.
+int apexlite_emulated_flat_gather(void* flat, const uint64_t* sources, const int64_t* targets, const int64_t* bytes,
+                                  int64_t count) {
+  const std::vector<apexlite::cuda::GatherEntry> table = apexlite::cuda::gather_table(sources, targets, bytes, count);
+  return static_cast<int>(apexlite::cuda::launch_flat_gather(flat, table.data(), static_cast<int64_t>(table.size()),
+                                                             nullptr));
 }
 
 // Copies up to `capacity` recorded launches (blocks, threads) into `out` and clears the record;

@@ -38,5 +38,36 @@ struct AdamTensorLists {
 cudaError_t launch_fused_adam(const AdamTensorLists& lists, const AdamHyper& hyper, AdamMode mode,
                               const float* grad_scale, const float* found_inf, cudaStream_t stream);
 
+// One fused Adam call over flat buffers (apexlite::fused_adam_flat_): one device pointer per role,
+// each to `numel` elements of its kind; `steps` to `step_count` float32 counters that all hold the
+// same count. The update takes steps[0] + 1; every counter then advances by one.
+struct AdamFlatBuffers {
+  void* param;
+  void* grad;        // written only when unscale_grads is set and a grad_scale is given
+  void* exp_avg;
+  void* exp_avg_sq;
+  void* model_copy;  // nullptr when no half copy is written
+  float* steps;
+  int64_t numel;
+  int64_t step_count;
+  FloatKind param_kind;   // kFloat32 whenever model_copy is set
+  FloatKind grad_kind;
+  FloatKind moment_kind;  // kFloat32 or kBFloat16
+  FloatKind copy_kind;    // kFloat16 or kBFloat16; ignored without model_copy
+  bool unscale_grads;
+};
+
+// Enqueues the update (one launch over the whole buffers, vector loads where every pointer allows)
+// and the counters' advance (one more launch) on `stream`; found_inf as for launch_fused_adam.
+cudaError_t launch_fused_adam_flat(const AdamFlatBuffers& buffers, const AdamHyper& hyper, AdamMode mode,
+                                   const float* grad_scale, const float* found_inf, cudaStream_t stream);
+
+struct GatherEntry;  // flat_gather.h
+constexpr int64_t kMaxGridBlocks = 1 << 30;  // blocks per launch (the device allows 2^31 - 1)
+
+// Enqueues the copy of every table entry's bytes into `flat` (a device buffer) on `stream`; `table` is
+// device memory holding `entries` entries (flat_gather.h).
+cudaError_t launch_flat_gather(void* flat, const GatherEntry* table, int64_t entries, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace apexlite

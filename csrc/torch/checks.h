@@ -98,4 +98,70 @@ inline void check_fused_adam_args(at::TensorList params, at::TensorList grads, a
   check_flag(found_inf, device, "found_inf");
 }
 
+inline void check_flat_role(const at::Tensor& t, const at::Tensor& param, const char* name) {
+  TORCH_CHECK(t.device() == param.device(), "apexlite.fused_adam_flat_: ", name, " is on ", t.device(),
+              " but param is on ", param.device(), "; every buffer of one call lives on one device.");
+  TORCH_CHECK(t.layout() == at::kStrided && t.dim() == 1 && t.is_contiguous() && t.numel() == param.numel(),
+              "apexlite.fused_adam_flat_: ", name, " must be a contiguous 1-D tensor of ", param.numel(),
+              " elements like param; got shape ", t.sizes(), " with strides ", t.strides(), ".");
+}
+
+// Validates the arguments of apexlite::fused_adam_flat_ (one flat buffer per role) for the given backend.
+inline void check_fused_adam_flat_args(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                                       const at::Tensor& exp_avg_sq, const at::Tensor& steps,
+                                       const c10::optional<at::Tensor>& model_copy,
+                                       const c10::optional<at::Tensor>& grad_scale,
+                                       const c10::optional<at::Tensor>& found_inf, at::DeviceType backend) {
+  TORCH_CHECK(param.device().type() == backend, "apexlite.fused_adam_flat_: the ", c10::DeviceTypeName(backend),
+              " kernel got tensors on ", param.device(), "; the op picks its kernel from param's device.");
+  TORCH_CHECK(param.layout() == at::kStrided && param.dim() == 1 && param.is_contiguous(),
+              "apexlite.fused_adam_flat_: param must be a contiguous 1-D buffer; got shape ", param.sizes(),
+              " with strides ", param.strides(), ".");
+  check_flat_role(grad, param, "grad");
+  check_flat_role(exp_avg, param, "exp_avg");
+  check_flat_role(exp_avg_sq, param, "exp_avg_sq");
+  TORCH_CHECK(is_float_kind(param.scalar_type()) && is_float_kind(grad.scalar_type()),
+              "apexlite.fused_adam_flat_: param and grad must be float32, float16 or bfloat16; got ",
+              param.scalar_type(), " and ", grad.scalar_type(), ".");
+  const at::ScalarType moment = exp_avg.scalar_type();
+  TORCH_CHECK((moment == at::kFloat || moment == at::kBFloat16) && exp_avg_sq.scalar_type() == moment,
+              "apexlite.fused_adam_flat_: exp_avg and exp_avg_sq must both be float32 or both bfloat16; got ",
+              moment, " and ", exp_avg_sq.scalar_type(), ".");
+  if (model_copy.has_value()) {
+    check_flat_role(*model_copy, param, "model_copy");
+    const at::ScalarType copy = model_copy->scalar_type();
+    TORCH_CHECK(param.scalar_type() == at::kFloat && (copy == at::kHalf || copy == at::kBFloat16),
+                "apexlite.fused_adam_flat_: model_copy must be a float16 or bfloat16 copy of a float32 param "
+                "buffer; got a ", copy, " copy of a ", param.scalar_type(), " buffer.");
+  }
+  TORCH_CHECK(steps.scalar_type() == at::kFloat && steps.dim() == 1 && steps.is_contiguous() &&
+                  steps.numel() >= 1 && steps.device() == param.device(),
+              "apexlite.fused_adam_flat_: steps must be a contiguous 1-D float32 tensor of one counter per "
+              "param, on ", param.device(), "; got ", steps.scalar_type(), " of shape ", steps.sizes(), " on ",
+              steps.device(), ".");
+  check_flag(grad_scale, param.device(), "grad_scale");
+  check_flag(found_inf, param.device(), "found_inf");
+}
+
+// Validates the arguments of apexlite::flat_gather_ for the given backend.
+inline void check_flat_gather_args(const at::Tensor& flat, at::TensorList sources, at::IntArrayRef offsets,
+                                   at::DeviceType backend) {
+  TORCH_CHECK(flat.device().type() == backend && flat.layout() == at::kStrided && flat.dim() == 1 &&
+                  flat.is_contiguous(),
+              "apexlite.flat_gather_: flat must be a contiguous 1-D ", c10::DeviceTypeName(backend),
+              " tensor; got shape ", flat.sizes(), " on ", flat.device(), ".");
+  TORCH_CHECK(offsets.size() == sources.size(), "apexlite.flat_gather_: ", sources.size(), " sources but ",
+              offsets.size(), " offsets; give one offset per source.");
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const at::Tensor& s = sources[i];
+    TORCH_CHECK(s.device() == flat.device() && s.scalar_type() == flat.scalar_type() && s.layout() == at::kStrided &&
+                    s.is_non_overlapping_and_dense(),
+                "apexlite.flat_gather_: sources[", i, "] must be a dense ", flat.scalar_type(), " tensor on ",
+                flat.device(), " (its elements one block of memory); got ", s.scalar_type(), " on ", s.device(),
+                " with strides ", s.strides(), ".");
+    TORCH_CHECK(offsets[i] >= 0 && offsets[i] + s.numel() <= flat.numel(), "apexlite.flat_gather_: sources[", i,
+                "] (", s.numel(), " elements) does not fit in flat (", flat.numel(), ") at offset ", offsets[i], ".");
+  }
+}
+
 }  // namespace apexlite

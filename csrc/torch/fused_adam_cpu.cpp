@@ -1,7 +1,7 @@
-// CPU kernel of apexlite::fused_adam_: all tensors of the call are cut into fixed-size tasks that
-// at::parallel_for spreads over the threads. Each task walks its range in small tiles: float lists
-// are updated in place, fp16/bf16 lists are widened into a stack buffer, updated, and rounded back,
-// so the one float loop of adam_math.h serves every dtype combination.
+// CPU kernels of apexlite::fused_adam_ and fused_adam_flat_: all tensors of the call are cut into
+// fixed-size tasks that at::parallel_for spreads over the threads. Each task walks its range in small
+// tiles: float lists are updated in place, fp16/bf16 lists are widened into a stack buffer, updated,
+// and rounded back, so the one float loop of adam_math.h serves every dtype combination.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -172,8 +172,44 @@ void fused_adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList 
   });
 }
 
+// apexlite::fused_adam_flat_: the same tiles over one flat buffer per role (a whole set of params),
+// so the per-call work is independent of how many params the buffers hold. The counters advance
+// as the list op's do (a float += 1), and the update takes steps[0]'s new value.
+void fused_adam_flat_cpu(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                         const at::Tensor& exp_avg_sq, const at::Tensor& steps,
+                         const c10::optional<at::Tensor>& model_copy, double lr, double beta1, double beta2,
+                         double eps, double weight_decay, bool bias_correction, bool adam_w_mode,
+                         const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
+                         bool unscale_grads) {
+  check_fused_adam_flat_args(param, grad, exp_avg, exp_avg_sq, steps, model_copy, grad_scale, found_inf, at::kCPU);
+  if (found_inf.has_value() && found_inf->item<float>() != 0.0f) return;
+  const double scale = grad_scale.has_value() ? static_cast<double>(grad_scale->item<float>()) : 1.0;
+  float* counters = steps.data_ptr<float>();
+  const int64_t count = steps.numel();
+  for (int64_t i = 0; i < count; ++i) counters[i] += 1.0f;
+  TensorSlots t;
+  t.scalars = make_adam_scalars(AdamHyper{lr, beta1, beta2, eps, weight_decay, bias_correction},
+                                static_cast<double>(counters[0]), scale);
+  t.store_unscaled_grads = unscale_grads && grad_scale.has_value();
+  const int64_t numel = param.numel();
+  if (numel == 0) return;
+  t.param = slot_of(param);
+  t.grad = slot_of(grad);
+  t.exp_avg = slot_of(exp_avg);
+  t.exp_avg_sq = slot_of(exp_avg_sq);
+  if (model_copy.has_value()) t.copy = slot_of(*model_copy);
+  const auto run = adam_w_mode ? &run_task_decoupled : &run_task_l2;
+  const int64_t tasks = (numel + kTaskElems - 1) / kTaskElems;
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) run(t, Task{0, k * kTaskElems, std::min((k + 1) * kTaskElems, numel)});
+  });
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(apexlite, CPU, m) { m.impl("fused_adam_", &fused_adam_cpu); }
+TORCH_LIBRARY_IMPL(apexlite, CPU, m) {
+  m.impl("fused_adam_", &fused_adam_cpu);
+  m.impl("fused_adam_flat_", &fused_adam_flat_cpu);
+}
 
 }  // namespace apexlite

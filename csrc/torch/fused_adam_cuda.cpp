@@ -1,6 +1,6 @@
-// CUDA binding of apexlite::fused_adam_: validates the tensors (checks.h), turns them into raw
-// pointers and hands them to the torch-free launcher in csrc/cuda/fused_adam.cu on torch's current
-// stream. Nothing here waits for the device.
+// CUDA bindings of apexlite::fused_adam_ and fused_adam_flat_: validate the tensors (checks.h), turn
+// them into raw pointers and hand them to the torch-free launchers in csrc/cuda/fused_adam.cu and
+// fused_adam_flat.cu on torch's current stream. Nothing here waits for the device.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -69,8 +69,41 @@ void fused_adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList
   TORCH_CHECK(error == cudaSuccess, "apexlite.fused_adam_: CUDA launch failed: ", cudaGetErrorString(error));
 }
 
+void fused_adam_flat_cuda(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                          const at::Tensor& exp_avg_sq, const at::Tensor& steps,
+                          const c10::optional<at::Tensor>& model_copy, double lr, double beta1, double beta2,
+                          double eps, double weight_decay, bool bias_correction, bool adam_w_mode,
+                          const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
+                          bool unscale_grads) {
+  check_fused_adam_flat_args(param, grad, exp_avg, exp_avg_sq, steps, model_copy, grad_scale, found_inf, at::kCUDA);
+  const c10::cuda::CUDAGuard device_guard(param.device());
+  cuda::AdamFlatBuffers buffers;
+  buffers.param = param.data_ptr();
+  buffers.grad = grad.data_ptr();
+  buffers.exp_avg = exp_avg.data_ptr();
+  buffers.exp_avg_sq = exp_avg_sq.data_ptr();
+  buffers.model_copy = model_copy.has_value() ? model_copy->data_ptr() : nullptr;
+  buffers.steps = steps.data_ptr<float>();
+  buffers.numel = param.numel();
+  buffers.step_count = steps.numel();
+  buffers.param_kind = kind_of(param);
+  buffers.grad_kind = kind_of(grad);
+  buffers.moment_kind = kind_of(exp_avg);
+  buffers.copy_kind = model_copy.has_value() ? kind_of(*model_copy) : cuda::FloatKind::kFloat16;
+  buffers.unscale_grads = unscale_grads;
+  const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, bias_correction};
+  const cudaError_t error = cuda::launch_fused_adam_flat(
+      buffers, hyper, adam_w_mode ? AdamMode::kDecoupled : AdamMode::kL2,
+      grad_scale.has_value() ? grad_scale->data_ptr<float>() : nullptr,
+      found_inf.has_value() ? found_inf->data_ptr<float>() : nullptr, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(error == cudaSuccess, "apexlite.fused_adam_flat_: CUDA launch failed: ", cudaGetErrorString(error));
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(apexlite, CUDA, m) { m.impl("fused_adam_", &fused_adam_cuda); }
+TORCH_LIBRARY_IMPL(apexlite, CUDA, m) {
+  m.impl("fused_adam_", &fused_adam_cuda);
+  m.impl("fused_adam_flat_", &fused_adam_flat_cuda);
+}
 
 }  // namespace apexlite

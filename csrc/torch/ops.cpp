@@ -20,21 +20,38 @@ TORCH_LIBRARY(apexlite, m) {
       "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] state_steps, Tensor(e!)[] model_copies, *, "
       "float lr, float beta1, float beta2, float eps, float weight_decay, bool bias_correction, "
       "bool adam_w_mode, Tensor? grad_scale=None, Tensor? found_inf=None, bool unscale_grads=False) -> ()");
+  // The same step over flat buffers (apexlite/optimizers/_flat_buffers.py): one 1-D tensor per role,
+  // all of `param`'s length, so a whole (device, dtypes) set of params is one call and one launch.
+  //   steps:       1-D float32, one counter per param of the buffer, all holding the same count;
+  //                the update uses steps[0] + 1 and every counter advances by one when the step is taken
+  //   model_copy:  None, or the fp16/bf16 buffer that receives the updated fp32 params
+  // The other arguments are fused_adam_'s.
+  m.def(
+      "fused_adam_flat_(Tensor(a!) param, Tensor(f!) grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, "
+      "Tensor(d!) steps, Tensor(e!)? model_copy, *, float lr, float beta1, float beta2, float eps, "
+      "float weight_decay, bool bias_correction, bool adam_w_mode, Tensor? grad_scale=None, "
+      "Tensor? found_inf=None, bool unscale_grads=False) -> ()");
+  // Copies each source's elements, in memory order (sources are dense, of flat's dtype and device),
+  // to flat[offsets[i]:offsets[i] + numel]: how fresh grads move into a flat grad buffer in one launch.
+  m.def("flat_gather_(Tensor(a!) flat, Tensor[] sources, int[] offsets) -> ()");
 }
 
 namespace apexlite {
 namespace o1 {
 int register_o1_types(PyObject* module);  // o1_cast_wrapper.cpp
 }  // namespace o1
+int register_flat_grad_functions(PyObject* module);  // flat_grads.cpp
 }  // namespace apexlite
 
 extern "C" {
 // `import apexlite._C` loads this library, so that the registrations above run, and adds the native
-// O1 cast types (CastCache, CastState, CastWrapper; see o1_casts.h).
+// O1 cast types (CastCache, CastState, CastWrapper; see o1_casts.h) and FusedAdam's flat-grad helper
+// (flat_grads.cpp).
 PyMODINIT_FUNC PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
   PyObject* module = PyModule_Create(&module_def);
-  if (module != nullptr && apexlite::o1::register_o1_types(module) < 0) {
+  if (module != nullptr &&
+      (apexlite::o1::register_o1_types(module) < 0 || apexlite::register_flat_grad_functions(module) < 0)) {
     Py_DECREF(module);
     return nullptr;
   }

@@ -1,4 +1,5 @@
-"""The CUDA kernel's own source (csrc/cuda/fused_adam.cu) built for the CPU with g++ and called via ctypes.
+"""The CUDA kernels' own source (csrc/cuda/fused_adam.cu, fused_adam_flat.cu, flat_gather.cu) built for the
+CPU with g++ and called via ctypes.
 
 ``csrc/cuda/host_emulation.h`` stands in for the CUDA built-ins; every launch runs each block and
 thread serially (see that header for why this is exact). The library is built once per source
@@ -21,7 +22,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
-SOURCES = ("cuda/fused_adam.cu", "cuda/host_emulation_entry.cpp")
+SOURCES = ("cuda/fused_adam.cu", "cuda/fused_adam_flat.cu", "cuda/flat_gather.cu", "cuda/host_emulation_entry.cpp")
 # -ffp-contract=off as setup.py's CPU kernel flags: no fused multiply-adds, so every float operation
 # rounds as written and the two host builds can be compared bit for bit.
 FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-DAPEXLITE_CUDA_HOST_EMULATION",
@@ -70,7 +71,8 @@ def build() -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         output = Path(scratch) / target.name
         command = [compiler, *FLAGS, f"-I{CSRC / 'include'}", f"-I{CSRC / 'cuda'}",
-                   "-x", "c++", str(CSRC / SOURCES[0]), "-x", "none", str(CSRC / SOURCES[1]), "-o", str(output)]
+                   "-x", "c++", *[str(CSRC / source) for source in SOURCES[:-1]], "-x", "none", str(CSRC / SOURCES[-1]),
+                   "-o", str(output)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"building the CUDA host emulation failed:\n{' '.join(command)}\n{result.stderr}")
@@ -83,7 +85,7 @@ def _pointers(tensors: Sequence[torch.Tensor]):
 
 
 class EmulatedKernels:
-    """``fused_adam_`` with the op's arguments, run by the CUDA kernel's code on CPU tensors."""
+    """``fused_adam_``, ``fused_adam_flat_`` and ``flat_gather_`` run by the CUDA kernels' code on CPU tensors."""
 
     def __init__(self, path: Path) -> None:
         self._lib = ctypes.CDLL(str(path))
@@ -91,6 +93,12 @@ class EmulatedKernels:
         self._lib.apexlite_emulated_fused_adam.argtypes = (
             [ctypes.c_void_p] * 6 + [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_int] * 4
             + [ctypes.c_double] * 5 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int])
+        self._lib.apexlite_emulated_fused_adam_flat.restype = ctypes.c_int
+        self._lib.apexlite_emulated_fused_adam_flat.argtypes = (
+            [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 4
+            + [ctypes.c_double] * 5 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int])
+        self._lib.apexlite_emulated_flat_gather.restype = ctypes.c_int
+        self._lib.apexlite_emulated_flat_gather.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64]
         self._lib.apexlite_emulated_take_launches.restype = ctypes.c_int64
         self._lib.apexlite_emulated_take_launches.argtypes = [ctypes.c_void_p, ctypes.c_int64]
 
@@ -116,6 +124,36 @@ class EmulatedKernels:
             None if found_inf is None else found_inf.data_ptr(), int(unscale_grads))
         if error != 0:
             raise RuntimeError(f"emulated launch_fused_adam returned cudaError {error}")
+
+    def fused_adam_flat_(self, param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+                         exp_avg_sq: torch.Tensor, steps: torch.Tensor, model_copy: Optional[torch.Tensor], *,
+                         lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                         bias_correction: bool, adam_w_mode: bool, grad_scale: Optional[torch.Tensor] = None,
+                         found_inf: Optional[torch.Tensor] = None, unscale_grads: bool = False) -> None:
+        """Runs launch_fused_adam_flat on the buffers' memory (1-D CPU tensors); raises on a launch error."""
+        buffers = [t for t in (param, grad, exp_avg, exp_avg_sq, steps, model_copy) if t is not None]
+        for tensor in buffers:
+            assert tensor.device.type == "cpu" and tensor.dim() == 1 and tensor.is_contiguous(), "1-D CPU buffers only"
+        error = self._lib.apexlite_emulated_fused_adam_flat(
+            param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(),
+            None if model_copy is None else model_copy.data_ptr(), steps.data_ptr(), param.numel(), steps.numel(),
+            KINDS[param.dtype], KINDS[grad.dtype], KINDS[exp_avg.dtype],
+            KINDS[torch.float16 if model_copy is None else model_copy.dtype], lr, beta1, beta2, eps, weight_decay,
+            int(bias_correction), int(adam_w_mode), None if grad_scale is None else grad_scale.data_ptr(),
+            None if found_inf is None else found_inf.data_ptr(), int(unscale_grads))
+        if error != 0:
+            raise RuntimeError(f"emulated launch_fused_adam_flat returned cudaError {error}")
+
+    def flat_gather_(self, flat: torch.Tensor, sources: List[torch.Tensor], offsets: List[int]) -> None:
+        """Runs launch_flat_gather: each (dense, flat-dtype) source's memory to flat[offset:offset + numel]."""
+        size = flat.element_size()
+        count = max(len(sources), 1)
+        error = self._lib.apexlite_emulated_flat_gather(
+            flat.data_ptr(), (ctypes.c_uint64 * count)(*[s.data_ptr() for s in sources]),
+            (ctypes.c_int64 * count)(*[o * size for o in offsets]),
+            (ctypes.c_int64 * count)(*[s.numel() * size for s in sources]), len(sources))
+        if error != 0:
+            raise RuntimeError(f"emulated launch_flat_gather returned cudaError {error}")
 
     def take_launches(self) -> List[Tuple[int, int]]:
         """(blocks, threads) of every launch since the last call, in order."""

@@ -1,0 +1,261 @@
+"""FusedAdam's flat buffers: each param group's params and state as views into a few contiguous
+buffers, so that a step is one kernel call per buffer set whatever the number of tensors.
+
+NOTE [flat buffers]
+- Built at a group's first step from the params that have a grad then, in group order: one set of
+  buffers per (device, dtypes, step count), each holding the weights the math updates (fp32 masters,
+  or the params themselves), the fp16/bf16 params written from masters, ``exp_avg``, ``exp_avg_sq``
+  and one step counter per param; at most MAX_BUFFER_ELEMENTS elements per buffer.
+- Every tensor keeps its Python object: a param, a master, a moment or a step counter is re-pointed
+  into its buffer (same shape, strides and values; _flat_memory.py), a param through ``.data`` so that
+  its autograd node and the hooks on it (DDP's) stay, so ``model.parameters()`` holds
+  the same Parameters, ``state_dict()`` keeps torch's format (one ``exp_avg``/``exp_avg_sq``/``step``
+  per param) and memory holds one copy of each. Only plain Parameters that alone use their memory,
+  dense, non-empty, of a supported dtype, on a device with a fused path, are flattened; the others
+  (views, tensor subclasses such as DTensor or FSDP's flat params, strided slices) take the
+  per-tensor path. The grads: NOTE [flat grads] in _flat_grads.py.
+- Checked each step at no Python cost per param (apexlite._C.flat_grads): the group's params list, each
+  param's memory, each grad. The state is watched (_watched_state.py): replacing a member's entries,
+  its state dict or the optimizer's ``state`` rebuilds the layout from the tensors then in place.
+  A param without grad, a grad of another dtype, a replaced ``.data`` (``model.half()``) or a changed
+  params list send the step down the per-tensor path once and rebuild the layout at the next step,
+  re-reading the step counters (one host sync). A group that still changes after MAX_REBUILDS
+  rebuilds stays on the per-tensor path (said once at INFO).
+- Costs: building copies a set's params and state into the new buffers while the old memory is
+  still held (at most one buffer's worth, MAX_BUFFER_ELEMENTS, more at once per role). A tensor
+  that aliased a param's old memory (``w = layer.weight.detach()`` taken before the first step) no
+  longer follows the param; a param saved on its own (``torch.save(layer.weight)``) writes its whole
+  buffer. ``FusedAdam(flat_buffers=False)`` keeps every tensor where it is.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from apexlite._logging import get_logger
+from apexlite.optimizers import _adam_state as adam_state
+from apexlite.optimizers._flat_grads import GROUP_CHANGED, MAX_FRESH_AVERAGE_CPU, READY, REASONS, REBUILD, flat_grads
+from apexlite.optimizers._flat_memory import OwnedBuffers, alias, flattenable, move_into, new_buffer, repoint, start_of
+from apexlite.optimizers._watched_state import Watch, WatchedState, WatchedStateMap
+
+MAX_BUFFER_ELEMENTS = 1 << 28
+MAX_REBUILDS = 4
+_log = get_logger("optimizers")
+
+
+@dataclass
+class FlatSet:
+    """The buffers of one (device, dtypes, step count) set of params, and what each step checks."""
+
+    members: Tuple[torch.Tensor, ...]  # the model params, in group order
+    masters: Optional[Tuple[torch.Tensor, ...]]  # their fp32 masters, or None
+    weights: torch.Tensor  # what the math updates: the masters' buffer, else the params'
+    copies: Optional[torch.Tensor]  # the fp16/bf16 params written from the masters, or None
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    steps: torch.Tensor  # one counter per member, all equal
+    param_ptrs: torch.Tensor  # int64: where each member's data must still be
+    offsets: torch.Tensor  # int64: where each member starts in the buffers
+    grad_like: torch.Tensor  # empty, of the grads' dtype and device
+    grad_start: int  # where the grad buffer starts in its storage, in elements
+    watch: Watch = field(default_factory=Watch)
+
+
+@dataclass
+class FlatCall:
+    """One kernel call of a step: a set's buffers and its grads as one flat tensor."""
+
+    buffers: FlatSet
+    grad: torch.Tensor
+
+
+@dataclass
+class GroupLayout:
+    known: Tuple[torch.Tensor, ...]  # the group's params when built
+    options: Tuple[Any, ...]  # (master_weights, moment dtype) when built
+    sets: List[FlatSet]
+    outsiders: List[torch.Tensor]  # never flattened
+    waiting: List[torch.Tensor]  # had no grad at the build: a grad now rebuilds the layout
+    stale: bool = False
+
+
+def _step_values(states: Sequence[Dict[str, Any]]) -> List[float]:
+    """Each state's step count (0 where it has none), read from the devices in one copy per device."""
+    values = [0.0] * len(states)
+    by_device: Dict[torch.device, List[int]] = {}
+    for index, state in enumerate(states):
+        if "step" in state:
+            by_device.setdefault(torch.as_tensor(state["step"]).device, []).append(index)
+    for indices in by_device.values():
+        counts = torch.stack([torch.as_tensor(states[i]["step"], dtype=torch.float32).reshape(()) for i in indices])
+        for index, count in zip(indices, counts.tolist()):
+            values[index] = count
+    return values
+
+
+class FlatBuffers:
+    """Owns FusedAdam's flat buffers (NOTE [flat buffers]): builds, checks and rebuilds them, hands each
+    step its flat calls and the params that take the per-tensor path. Reads the optimizer's ``state``,
+    ``master_weights`` and ``exp_avg_dtype``, and replaces ``state`` by a watched map."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._layouts: Dict[int, Tuple[dict, GroupLayout]] = {}
+        self._rebuilds: Dict[int, int] = {}
+        self._watches: Dict[torch.Tensor, Watch] = {}
+        self._state_map: Optional[WatchedStateMap] = None
+        self._owned = OwnedBuffers()
+
+    def invalidate(self) -> None:
+        """Forget every layout (state loaded or replaced): the next step builds from the tensors then."""
+        self._layouts.clear()
+
+    def plan(self, optimizer: torch.optim.Optimizer, group: Dict[str, Any],
+             has_fused_path: Callable[[torch.device], bool]) -> Tuple[List[FlatCall], List[torch.Tensor]]:
+        """This step's flat calls for ``group``, and the params that take the per-tensor path."""
+        params = group["params"]
+        if not self.enabled or self._rebuilds.get(id(group), 0) > MAX_REBUILDS:
+            return [], list(params)
+        layout = self._layout(optimizer, group, has_fused_path)
+        calls: List[FlatCall] = []
+        rest = list(layout.outsiders)
+        for flat_set in layout.sets:
+            status, reason, grad = flat_grads(params, layout.known, flat_set.members, flat_set.masters,
+                                              flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,
+                                              flat_set.weights.numel(), flat_set.grad_start,
+                                              MAX_FRESH_AVERAGE_CPU if flat_set.weights.is_cpu else 0)
+            if status == READY:
+                calls.append(FlatCall(flat_set, grad))
+                continue
+            if status == REBUILD:
+                self._rebuild_later(group, layout, reason)
+            if reason == GROUP_CHANGED:
+                return [], list(params)
+            rest.extend(flat_set.members)
+        joining = [p for p in layout.waiting if p.grad is not None]
+        if joining:
+            self._rebuild_later(group, layout, 0)
+            rest.extend(joining)
+        return calls, rest
+
+    def _rebuild_later(self, group: Dict[str, Any], layout: GroupLayout, reason: int) -> None:
+        if layout.stale:
+            return
+        layout.stale = True
+        count = self._rebuilds[id(group)] = self._rebuilds.get(id(group), 0) + 1
+        why = REASONS[reason] or "a param without a grad at the last build has one now"
+        if count > MAX_REBUILDS:
+            _log.info("FusedAdam: a param group of %d params changed its flat buffers %d times (last: %s); it "
+                      "keeps the per-tensor path from now on", len(group["params"]), count, why)
+        else:
+            _log.debug("FusedAdam: rebuilding the flat buffers of a param group at the next step: %s", why)
+
+    def _layout(self, optimizer: torch.optim.Optimizer, group: Dict[str, Any],
+                has_fused_path: Callable[[torch.device], bool]) -> GroupLayout:
+        if optimizer.state is not self._state_map:  # a load or a reset replaced it
+            self.invalidate()
+            self._watches = {}
+            self._state_map = optimizer.state = WatchedStateMap(optimizer.state, self._watches)
+        options = (optimizer.master_weights, optimizer.exp_avg_dtype)
+        entry = self._layouts.get(id(group))
+        layout = entry[1] if entry is not None and entry[0] is group else None
+        if (layout is None or layout.stale or layout.options != options
+                or any(flat_set.watch.dirty for flat_set in layout.sets)
+                or (not layout.sets and any(p.grad is not None for p in layout.waiting))):  # (a first step)
+            if layout is not None:
+                for member in (m for flat_set in layout.sets for m in flat_set.members):
+                    self._watches.pop(member, None)
+            layout = self._build(group, options, has_fused_path)
+            self._layouts[id(group)] = (group, layout)
+        return layout
+
+    def _build(self, group: Dict[str, Any], options: Tuple[Any, ...],
+               has_fused_path: Callable[[torch.device], bool]) -> GroupLayout:
+        master_weights, moment_dtype = options
+        state = self._state_map
+        self._owned.prune()
+        outsiders, waiting, joining = [], [], []
+        for param in group["params"]:
+            if not flattenable(param, has_fused_path, self._owned):
+                outsiders.append(param)
+                continue
+            grad, masters_own = adam_state.step_grad(param, state.get(param))
+            usable = grad is not None and not masters_own and grad.layout == torch.strided
+            if not usable or grad.device != param.device or grad.dtype not in adam_state.SUPPORTED_DTYPES:
+                waiting.append(param)
+                continue
+            joining.append((param, grad.dtype))
+        steps = _step_values([state.get(param, {}) for param, _ in joining])
+        keyed: Dict[Tuple[Any, ...], List[torch.Tensor]] = {}
+        for (param, grad_dtype), step in zip(joining, steps):
+            entry = state[param]
+            half = param.dtype in adam_state.HALF_DTYPES
+            if "master_param" in entry and not half:  # not a state FusedAdam makes: as the per-tensor path has it
+                outsiders.append(param)
+                continue
+            master = half and ("master_param" in entry or master_weights)
+            moments = entry["exp_avg"].dtype if "exp_avg" in entry else moment_dtype
+            key = (param.device, master, param.dtype, grad_dtype, moments, step)
+            keyed.setdefault(key, []).append(param)
+        sets = [self._make_set(chunk, *key) for key, params in keyed.items() for chunk in _chunks(params)]
+        return GroupLayout(tuple(group["params"]), options, sets, outsiders, waiting)
+
+    def _make_set(self, params: List[torch.Tensor], device: torch.device, master: bool, param_dtype: torch.dtype,
+                  grad_dtype: torch.dtype, moment_dtype: torch.dtype, step: float) -> FlatSet:
+        state = self._state_map
+        offsets = [0] + list(itertools.accumulate(p.numel() for p in params))
+        total = offsets.pop()
+        weights = new_buffer("weights", total, torch.float32 if master else param_dtype, device)
+        copies = new_buffer("copies", total, param_dtype, device) if master else None
+        exp_avg, exp_avg_sq = (new_buffer(role, total, moment_dtype, device) for role in ("exp_avg", "exp_avg_sq"))
+        steps = torch.full((len(params),), step, dtype=torch.float32, device=device)
+        targets, sources = [], []
+        for param, offset in zip(params, offsets):
+            entry = state[param]
+            targets.append(alias(weights, offset, param))
+            sources.append(entry.get("master_param", param))
+            if copies is not None:
+                targets.append(alias(copies, offset, param))
+                sources.append(param)
+            for key, buffer in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+                if key in entry:
+                    targets.append(alias(buffer, offset, param))
+                    sources.append(entry[key])
+        with torch.no_grad():
+            torch._foreach_copy_(targets, sources)
+            watch = Watch()
+            for index, (param, offset) in enumerate(zip(params, offsets)):
+                entry = WatchedState(state[param], watch)
+                dict.__setitem__(state, param, entry)
+                self._watches[param] = watch
+                model = copies if copies is not None else weights
+                repoint(param, alias(model, offset, param))
+                if copies is not None:
+                    move_into(entry, "master_param", weights, offset, param)
+                move_into(entry, "exp_avg", exp_avg, offset, param)
+                move_into(entry, "exp_avg_sq", exp_avg_sq, offset, param)
+                move_into(entry, "step", steps, index, steps[index])
+        self._owned.add(weights if copies is None else copies)
+        masters = tuple(state[p]["master_param"] for p in params) if copies is not None else None
+        return FlatSet(
+            members=tuple(params), masters=masters, weights=weights, copies=copies, exp_avg=exp_avg,
+            exp_avg_sq=exp_avg_sq, steps=steps, param_ptrs=torch.tensor([p.data_ptr() for p in params]),
+            offsets=torch.tensor(offsets, dtype=torch.int64),
+            grad_like=torch.empty(0, dtype=grad_dtype, device=device), grad_start=start_of("grad", grad_dtype),
+            watch=watch)
+
+
+def _chunks(params: List[torch.Tensor]) -> List[List[torch.Tensor]]:
+    """``params`` in consecutive runs of at most MAX_BUFFER_ELEMENTS elements (a larger param alone)."""
+    chunks: List[List[torch.Tensor]] = [[]]
+    size = 0
+    for param in params:
+        if chunks[-1] and size + param.numel() > MAX_BUFFER_ELEMENTS:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(param)
+        size += param.numel()
+    return chunks

@@ -1,0 +1,160 @@
+"""How a FusedAdam flat buffer set gets its gradients each step: NOTE [flat grads].
+
+NOTE [flat grads]
+- autograd adds into a param's existing ``.grad`` in place, and writes a fresh tensor when ``.grad``
+  is None (after ``zero_grad(set_to_none=True)``, torch's and FusedAdam's default; amp O2 clears
+  them before each backward too).
+- A step whose members' grads all live in one grad buffer of the set's layout runs on that buffer:
+  nothing is copied. Fresh grads are copied into the buffer (one pass over them: memcpy on the CPU,
+  one launch of apexlite::flat_gather_ on a GPU, its table built in one C++ loop) and each grad
+  tensor is then re-pointed into it: the same Python object with the same shape, strides and values,
+  only its storage moves. So ``.grad`` keeps its identity (GradScaler's contract: the unscaled grads
+  land in the tensors ``.grad`` holds), a later backward that adds into it (gradient accumulation,
+  ``zero_grad(set_to_none=False)``) writes the buffer, and the next step copies nothing.
+- No reference to the grad buffer is kept here: the grads hold it, and grads set to None free it
+  with them, so memory is what it would be without flat buffers.
+- A fresh grad moves only when no other tensor shares its memory (not a view such as DDP's bucket
+  views, not made by ``.detach()``/``.data``); the buffer takes fresh grads only when no tensor but
+  the member grads references it (a grad a caller kept from an earlier step keeps its values), else
+  all grads move to a new buffer.
+- On the CPU, fresh grads averaging more than MAX_FRESH_AVERAGE_CPU elements are not copied: a new
+  CPU buffer costs a page fault per page and the copy a pass over the grads, more than the
+  per-tensor path pays to read them where they are (about 4 us per tensor); on a GPU the caching
+  allocator hands the buffer out at no cost and the copy runs at memory speed, so fresh grads move.
+- Anything else sends the set down the per-tensor path for this step, with a reason (REASONS). A
+  missing grad, a grad of another dtype, a replaced param or a changed param list also ask for the
+  layout to be rebuilt (the step counters of the set may now differ; the buffers follow the params).
+
+The pass is ``apexlite._C.flat_grads`` (csrc/torch/flat_grads.cpp: no Python per param) when the
+compiled library is loaded, else :func:`python_flat_grads`, the same logic at Python speed.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+from apexlite import _ext
+from apexlite.optimizers._adam_step import bump_versions
+
+READY, LIST_PATH, REBUILD = 0, 1, 2
+MAX_FRESH_AVERAGE_CPU = 8192  # elements: about where copying a fresh grad costs what the per-tensor path does
+# indexed by the reason codes of csrc/torch/flat_grads.cpp
+REASONS = (
+    "",
+    "the group's params list changed",
+    "a param's storage changed (its .data was replaced)",
+    "a param has no grad",
+    "a grad's dtype differs from the buffer's",
+    "a master weight holds its own grad (amp O2 with clipping or accumulation)",
+    "a grad is laid out unlike its param, sparse or on another device",
+    "a grad shares its memory with other tensors",
+    "fresh grads this large are cheaper to read in place than to copy (CPU)",
+)
+GROUP_CHANGED, PARAM_MOVED, MISSING_GRAD, GRAD_DTYPE, MASTER_GRAD, ODD_GRAD, SHARED_GRAD, LARGE_FRESH_GRADS = range(1, 9)
+_REBUILD_REASONS = (GROUP_CHANGED, PARAM_MOVED, MISSING_GRAD, GRAD_DTYPE)
+
+Verdict = Tuple[int, int, Optional[torch.Tensor]]
+
+
+def _verdict(reason: int) -> Verdict:
+    return (REBUILD if reason in _REBUILD_REASONS else LIST_PATH), reason, None
+
+
+def _use_count(storage: torch.UntypedStorage) -> int:
+    """References to ``storage``'s memory: tensors using it, plus this Python handle."""
+    return torch._C._storage_Use_Count(storage._cdata)
+
+
+def _same_layout(grad: torch.Tensor, param: torch.Tensor) -> bool:
+    return grad.shape == param.shape and all(
+        g == p for size, g, p in zip(param.shape, grad.stride(), param.stride()) if size > 1)
+
+
+def _movable(grad: torch.Tensor) -> bool:
+    """A grad whose storage may be re-pointed: its own memory, used by no other tensor."""
+    if grad._is_view() or grad.requires_grad or grad.is_inference() or _use_count(grad.untyped_storage()) != 2:
+        return False
+    try:
+        grad.set_(grad)  # refused for tensors made by .data/.detach() (no metadata changes allowed)
+    except RuntimeError:
+        return False
+    return True
+
+
+def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
+                      members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
+                      param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
+                      shift: int, max_fresh_average: int) -> Verdict:
+    """apexlite._C.flat_grads in Python (see NOTE [flat grads]): (status, reason, flat grad or None).
+    The grad buffer is ``total`` elements from element ``shift`` of its storage; ``offsets`` are in it."""
+    if len(group_params) != len(known) or any(a is not b for a, b in zip(group_params, known)):
+        return _verdict(GROUP_CHANGED)
+    expected, starts = param_ptrs.tolist(), [shift + offset for offset in offsets.tolist()]
+    buffer: Optional[torch.UntypedStorage] = None
+    grads: List[torch.Tensor] = []
+    in_place: List[bool] = []
+    reason = 0
+    for i, param in enumerate(members):
+        if param.data_ptr() != expected[i]:
+            return _verdict(PARAM_MOVED)
+        grad = param.grad
+        if grad is None:
+            return _verdict(MISSING_GRAD)
+        if grad.dtype != grad_like.dtype:
+            return _verdict(GRAD_DTYPE)
+        if masters is not None and masters[i].grad is not None:
+            reason = reason or MASTER_GRAD
+        elif grad.layout != torch.strided or grad.device != param.device or not _same_layout(grad, param):
+            reason = reason or ODD_GRAD
+        if reason:
+            continue
+        storage = grad.untyped_storage()
+        if buffer is None and grad.storage_offset() == starts[i] and \
+                storage.nbytes() == (shift + total) * grad.element_size():
+            buffer = storage
+        mine = buffer is not None and storage._cdata == buffer._cdata
+        if mine and grad.storage_offset() != starts[i]:
+            reason = ODD_GRAD  # the buffer in another layout
+        elif not mine and not _movable(grad):
+            reason = SHARED_GRAD
+        grads.append(grad)
+        in_place.append(mine)
+    if reason:
+        return _verdict(reason)
+    fresh = [grad.numel() for grad, mine in zip(grads, in_place) if not mine]
+    if max_fresh_average > 0 and sum(fresh) > max_fresh_average * len(fresh):
+        return _verdict(LARGE_FRESH_GRADS)
+    storage = None  # (a handle of its own would count as a user of the buffer)
+    everyone = all(in_place)
+    reuse = buffer is not None and (everyone or _use_count(buffer) == sum(in_place) + 1)
+    if not reuse:
+        buffer = torch.empty(shift + total, dtype=grad_like.dtype, device=grad_like.device).untyped_storage()
+    flat = torch.empty(0, dtype=grad_like.dtype, device=grad_like.device).set_(buffer, shift, (total,), (1,))
+    moving = [i for i, mine in enumerate(in_place) if not (reuse and mine)]
+    if moving:
+        sources = [grads[i].as_strided((grads[i].numel(),), (1,)) for i in moving]
+        torch._foreach_copy_([flat.as_strided((grads[i].numel(),), (1,), starts[i]) for i in moving], sources)
+        for i in moving:
+            grads[i].set_(flat.untyped_storage(), starts[i], grads[i].shape, grads[i].stride())
+    bump_versions(members)  # the kernel writes them through raw pointers
+    return READY, 0, flat
+
+
+@functools.lru_cache(maxsize=None)
+def _native() -> Optional[Callable[..., Verdict]]:
+    module = _ext.native_module()
+    return getattr(module, "flat_grads", None) if module is not None else None
+
+
+def flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
+               members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
+               param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
+               shift: int, max_fresh_average: int = 0) -> Verdict:
+    """(status, reason, flat grad): READY with the set's grads as one flat tensor (fresh ones moved
+    into it, member versions bumped), or LIST_PATH / REBUILD with an index into REASONS and nothing
+    changed but, maybe, version counters (a bump too many is harmless; the per-tensor path bumps them)."""
+    native = _native()
+    run = native if native is not None else python_flat_grads
+    return run(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, max_fresh_average)

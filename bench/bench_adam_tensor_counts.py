@@ -1,0 +1,236 @@
+"""FusedAdam's step against torch's fused and foreach AdamW from 1 to 10,000 tensors, beside a copy roofline.
+
+    python -m bench.bench_adam_tensor_counts --device cpu --out bench_results/adam_counts --budget-s 240 [--threads 1]
+    python -m bench.bench_adam_tensor_counts --device cuda --out gpu_check_results/adam_counts --budget-s 90
+
+For each tensor count (the same total of fp32 params split evenly: 100M on CUDA, 4M on CPU by default;
+on CPU also 2,000 tensors of 16 floats, where only host cost shows) every case is built in this one
+process and the cases are timed round by round, interleaved, so drift hits them alike. Each step is
+timed twice: ``wall``, from step() to the end of a synchronize after it (what a training loop waits
+for), and on CUDA ``device``, between CUDA events recorded around it; ``host`` is the time until
+step() returns. Reported: medians with the 10th-90th percentile spread, and FusedAdam's ratio to torch's
+fused AdamW taken per round (the two steps ran back to back) so that load bursts cancel.
+
+Cases (AdamW, lr 1e-3, weight decay 0.01, fp32):
+* ``FusedAdam``: apexlite's, flat buffers, grads kept between steps (as after zero_grad(set_to_none=False)
+  or while accumulating): after the first step they live in the grad buffer and nothing is copied;
+* ``FusedAdam fresh grads``: the same with a new ``.grad`` tensor per param before every step (made
+  outside the timing), as after zero_grad(set_to_none=True): the step copies them into its buffer;
+* ``FusedAdam lists``: ``FusedAdam(flat_buffers=False)``, the per-tensor path (apexlite before flat buffers);
+* ``torch fused`` / ``torch foreach``: ``torch.optim.AdamW(fused=True)`` / ``(foreach=True)``;
+* ``copy roofline``: one device copy moving 28 bytes per param (read 14, write 14): an Adam step must
+  read p, g, m, v and write p, m, v, so no step can beat it.
+Writes ``results.md`` (tables) and ``results.json`` into ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from apexlite.optimizers import FusedAdam
+from apexlite.optimizers._adam_step import resolve
+
+BYTES_PER_PARAM = 28
+HYPER = dict(lr=1e-3, weight_decay=0.01)
+DEFAULT_TOTAL = {"cuda": 100_000_000, "cpu": 4_000_000}
+COUNTS = (1, 100, 1_000, 10_000)
+HOST_CASE = (2_000, 16)  # CPU only: tensors x floats each
+STEPS_PER_ROUND, MIN_ROUNDS, MAX_ROUNDS, WARMUP = 1, 10, 60, 2
+ROOFLINE = "copy roofline"
+CASES = ("FusedAdam", "FusedAdam fresh grads", "FusedAdam lists", "torch fused", "torch foreach", ROOFLINE)
+
+
+class Case:
+    """One timed thing: ``step`` is timed; ``before`` runs first, untimed (fresh grads)."""
+
+    def __init__(self, step: Callable[[], Any], before: Optional[Callable[[], None]] = None) -> None:
+        self.step, self.before = step, before
+
+
+def _params(sizes: List[int], device: str, seed: int = 0) -> List[torch.nn.Parameter]:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    params = []
+    for n in sizes:
+        p = torch.nn.Parameter(torch.randn(n, device=device, generator=gen))
+        p.grad = torch.randn(n, device=device, generator=gen).mul_(1e-3)
+        params.append(p)
+    return params
+
+
+def build_cases(sizes: List[int], device: str) -> Dict[str, Case]:
+    """Every case over its own params of ``sizes`` on ``device``."""
+    cases: Dict[str, Case] = {}
+    cases["FusedAdam"] = Case(FusedAdam(_params(sizes, device), **HYPER).step)
+    fresh_params = _params(sizes, device)
+    sources = [p.grad.clone() for p in fresh_params]
+
+    def new_grads() -> None:
+        for p, source in zip(fresh_params, sources):
+            p.grad = source.clone()
+
+    cases["FusedAdam fresh grads"] = Case(FusedAdam(fresh_params, **HYPER).step, new_grads)
+    cases["FusedAdam lists"] = Case(FusedAdam(_params(sizes, device), flat_buffers=False, **HYPER).step)
+    cases["torch fused"] = Case(torch.optim.AdamW(_params(sizes, device), fused=True, **HYPER).step)
+    cases["torch foreach"] = Case(torch.optim.AdamW(_params(sizes, device), foreach=True, **HYPER).step)
+    total = sum(sizes)
+    source = torch.randn(total * BYTES_PER_PARAM // 8, device=device)  # 14 B read + 14 B written per param
+    target = torch.empty_like(source)
+    cases[ROOFLINE] = Case(lambda: target.copy_(source))
+    return cases
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_step(case: Case, device: str) -> Tuple[float, float, Optional[float]]:
+    """(wall, host, device) seconds of one step; device is None off CUDA."""
+    if case.before is not None:
+        case.before()
+    _sync(device)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if device == "cuda" else None
+    if events:
+        events[0].record()
+    start = time.perf_counter()
+    case.step()
+    returned = time.perf_counter()
+    if events:
+        events[1].record()
+    _sync(device)
+    end = time.perf_counter()
+    on_device = events[0].elapsed_time(events[1]) / 1e3 if events else None
+    return end - start, returned - start, on_device
+
+
+def measure(cases: Dict[str, Case], device: str, budget_s: float) -> Dict[str, Dict[str, List[float]]]:
+    """Samples per case and clock, cases interleaved round by round until the budget ends (MIN..MAX rounds)."""
+    for case in cases.values():
+        for _ in range(WARMUP):
+            time_step(case, device)
+    samples = {name: {"wall": [], "host": [], "device": []} for name in cases}
+    start, rounds = time.perf_counter(), 0
+    while rounds < MAX_ROUNDS and (rounds < MIN_ROUNDS or time.perf_counter() - start < budget_s):
+        for name, case in cases.items():
+            for _ in range(STEPS_PER_ROUND):
+                wall, host, on_device = time_step(case, device)
+                samples[name]["wall"].append(wall)
+                samples[name]["host"].append(host)
+                if on_device is not None:
+                    samples[name]["device"].append(on_device)
+        rounds += 1
+    return samples
+
+
+def _quantile(values: List[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summarise(values: List[float]) -> Optional[Dict[str, float]]:
+    if not values:
+        return None
+    return {"median": statistics.median(values), "p10": _quantile(values, 0.1), "p90": _quantile(values, 0.9),
+            "n": len(values)}
+
+
+def paired_ratio(ours: List[float], theirs: List[float]) -> Optional[Dict[str, float]]:
+    """Per round, our step over the neighbouring step of the other case: drift and load bursts that
+    hit both cancel out (the samples of one round were taken back to back)."""
+    return summarise([a / b for a, b in zip(ours, theirs)])
+
+
+def run(device: str, total: int, budget_s: float) -> Dict[str, Any]:
+    rows = [(f"{count:,} x {total // count:,}", [total // count] * count) for count in COUNTS]
+    if device == "cpu":
+        rows.append((f"{HOST_CASE[0]:,} x {HOST_CASE[1]}", [HOST_CASE[1]] * HOST_CASE[0]))
+    results = []
+    for label, sizes in rows:
+        cases = build_cases(sizes, device)
+        samples = measure(cases, device, budget_s / len(rows))
+        results.append({"tensors": len(sizes), "label": label, "params": sum(sizes),
+                        "cases": {name: {clock: summarise(values) for clock, values in clocks.items()}
+                                  for name, clocks in samples.items()},
+                        "ratio_to_torch_fused": {clock: paired_ratio(samples["FusedAdam"][clock],
+                                                                     samples["torch fused"][clock])
+                                                 for clock in samples["FusedAdam"]}})
+        del cases
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return {"rows": results}
+
+
+def environment(device: str) -> Dict[str, Any]:
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.processor() or
+            platform.machine(), "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+            "fused_adam_path": resolve("auto", torch.device(device))}
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def _cell(stats: Optional[Dict[str, float]]) -> str:
+    if stats is None:
+        return "n/a"
+    return f"{stats['median'] * 1e3:.3g} ({stats['p10'] * 1e3:.3g}-{stats['p90'] * 1e3:.3g})"
+
+
+def render(report: Dict[str, Any], clock: str) -> str:
+    lines = [f"**{clock}** ms per step, median (p10-p90); FusedAdam / torch fused: median (p10-p90) of the "
+             "per-round ratios", "",
+             "| tensors x params | " + " | ".join(CASES) + " | FusedAdam / torch fused | FusedAdam % of roofline |",
+             "|---|" + "---:|" * (len(CASES) + 2)]
+    for row in report["rows"]:
+        cases, ratio = row["cases"], row["ratio_to_torch_fused"][clock]
+        if ratio is None:
+            continue
+        roof, ours = cases[ROOFLINE][clock]["median"], cases["FusedAdam"][clock]["median"]
+        cells = [_cell(cases[name][clock]) for name in CASES]
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + f" | {ratio['median']:.2f} "
+                     f"({ratio['p10']:.2f}-{ratio['p90']:.2f}) | {100 * roof / ours:.0f}% |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", default="bench_results/adam_tensor_counts", help="folder for results.md/.json")
+    parser.add_argument("--budget-s", type=float, default=90.0, help="timing budget for all rows together")
+    parser.add_argument("--total", type=int, default=None, help="fp32 params per case (default: 100M CUDA, 4M CPU)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_adam_tensor_counts: torch sees no CUDA device; run with --device cpu")
+        return 1
+    torch.manual_seed(0)
+    env = environment(args.device)
+    report = run(args.device, args.total or DEFAULT_TOTAL[args.device], args.budget_s)
+    report["environment"] = dict(env, load_average_end=os.getloadavg())
+    report["command"] = "python -m bench.bench_adam_tensor_counts " + " ".join(argv if argv is not None else os.sys.argv[1:])
+    clocks = ["wall", "host"] + (["device"] if args.device == "cuda" else [])
+    text = "\n\n".join([f"{env['date']}, torch {env['torch']}, {env.get('gpu', env['machine'])}, "
+                        f"{env['threads']} threads, FusedAdam path: {env['fused_adam_path']}, load average "
+                        f"{env['load_average'][0]:.2f} -> {report['environment']['load_average_end'][0]:.2f}"]
+                       + [render(report, clock) for clock in clocks])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(report, indent=1))
+    (out / "results.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,165 @@
+// CUDA kernel of apexlite::fused_adam_flat_: the Adam update (adam_math.h) over one flat buffer per
+// role, whatever number of params the buffers hold: one launch, no per-tensor table, then one small
+// launch that advances the step counters. Each thread takes kVec consecutive elements per loop turn
+// with one vector load or store per buffer (16 bytes of fp16/bf16, 2 x 16 of float32) and walks the
+// buffers grid-stride, with a grid of a few blocks per SM; buffers whose addresses do not allow the
+// vectors (never the case for buffers torch allocates) take the same loop one element at a time.
+// Also compiles as host C++ (APEXLITE_CUDA_HOST_EMULATION, see host_emulation.h) for the cuda_host tests.
+#include <cstdint>
+#include <type_traits>
+
+#include "apexlite/adam_math.h"
+#include "cuda_api.h"
+#include "float_types.cuh"
+#include "launch.cuh"
+#include "launchers.h"
+
+namespace apexlite {
+namespace cuda {
+namespace {
+
+constexpr int kFlatBlockSize = 256;  // threads per block
+constexpr int kVec = 8;              // consecutive elements per thread per loop turn
+constexpr int kBlocksPerSm = 8;      // grid size: enough resident warps to keep HBM busy, then grid-stride
+constexpr int kStepBlockSize = 256;
+
+template <typename T>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
+template <int kWidth, typename T>
+__device__ __forceinline__ void load(const T* src, int64_t i, float (&out)[kWidth]) {
+  if constexpr (kWidth == 1) {
+    out[0] = to_float(src[i]);
+  } else {
+    const Pack<T> pack = *reinterpret_cast<const Pack<T>*>(src + i);
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) out[k] = to_float(pack.v[k]);
+  }
+}
+
+template <int kWidth, typename T>
+__device__ __forceinline__ void store(T* dst, int64_t i, const float (&in)[kWidth]) {
+  if constexpr (kWidth == 1) {
+    dst[i] = from_float<T>(in[0]);
+  } else {
+    Pack<T> pack;
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) pack.v[k] = from_float<T>(in[k]);
+    *reinterpret_cast<Pack<T>*>(dst + i) = pack;
+  }
+}
+
+// Updates elements [i, i + kWidth) of the buffers.
+template <int kWidth, typename P, typename G, typename M, typename C, AdamMode kMode>
+__device__ __forceinline__ void update(const AdamFlatBuffers& b, int64_t i, const AdamScalars& s, bool store_grads) {
+  float rp[kWidth], rg[kWidth], rm[kWidth], rv[kWidth];
+  load<kWidth>(static_cast<const P*>(b.param), i, rp);
+  load<kWidth>(static_cast<const G*>(b.grad), i, rg);
+  load<kWidth>(static_cast<const M*>(b.exp_avg), i, rm);
+  load<kWidth>(static_cast<const M*>(b.exp_avg_sq), i, rv);
+#pragma unroll
+  for (int k = 0; k < kWidth; ++k) adam_update<kMode>(rp[k], rg[k], rm[k], rv[k], s);
+  store<kWidth>(static_cast<P*>(b.param), i, rp);
+  store<kWidth>(static_cast<M*>(b.exp_avg), i, rm);
+  store<kWidth>(static_cast<M*>(b.exp_avg_sq), i, rv);
+  if constexpr (!std::is_same<C, NoCopy>::value) store<kWidth>(static_cast<C*>(b.model_copy), i, rp);
+  if (store_grads) {  // the value adam_update used, as the list kernel stores it
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) rg[k] = rg[k] * s.inv_scale;
+    store<kWidth>(static_cast<G*>(b.grad), i, rg);
+  }
+}
+
+template <typename P, typename G, typename M, typename C, AdamMode kMode, int kWidth>
+__global__ void __launch_bounds__(kFlatBlockSize)
+    fused_adam_flat_kernel(AdamFlatBuffers b, AdamHyper hyper, const float* grad_scale, const float* found_inf,
+                           bool store_grads) {
+  if (found_inf != nullptr && *found_inf != 0.0f) return;
+  // The counters still hold the previous count (advance_flat_steps_kernel bumps them afterwards);
+  // the float addition is the CPU kernel's, so both take the same step in every float range.
+  const float step = b.steps[0] + 1.0f;
+  const AdamScalars s = make_adam_scalars(hyper, static_cast<double>(step), grad_scale != nullptr ? *grad_scale : 1.0);
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t groups = b.numel / kWidth;
+  for (int64_t k = thread; k < groups; k += threads) update<kWidth, P, G, M, C, kMode>(b, k * kWidth, s, store_grads);
+  if constexpr (kWidth > 1) {  // the last numel % kWidth elements, one per thread of the first warp
+    const int64_t i = groups * kWidth + thread;
+    if (i < b.numel) update<1, P, G, M, C, kMode>(b, i, s, store_grads);
+  }
+}
+
+__global__ void advance_flat_steps_kernel(float* steps, int64_t count, const float* found_inf) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count && (found_inf == nullptr || *found_inf == 0.0f)) steps[i] += 1.0f;
+}
+
+bool aligned(const void* pointer, size_t element_size) {
+  return reinterpret_cast<uintptr_t>(pointer) % (element_size * kVec) == 0;
+}
+
+int grid_limit() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
+    return 1024;
+  }
+  return sms * kBlocksPerSm;
+}
+
+template <typename P, typename G, typename M, typename C>
+cudaError_t launch_typed(const AdamFlatBuffers& b, const AdamHyper& hyper, AdamMode mode, const float* grad_scale,
+                         const float* found_inf, cudaStream_t stream) {
+  const bool store_grads = b.unscale_grads && grad_scale != nullptr;
+  const bool vectors = aligned(b.param, sizeof(P)) && aligned(b.grad, sizeof(G)) && aligned(b.exp_avg, sizeof(M)) &&
+                       aligned(b.exp_avg_sq, sizeof(M)) && (b.model_copy == nullptr || aligned(b.model_copy, sizeof(C)));
+  const int64_t units = vectors ? b.numel / kVec : b.numel;
+  const int64_t wanted = (units + kFlatBlockSize - 1) / kFlatBlockSize, limit = grid_limit();
+  const int blocks = static_cast<int>(wanted < 1 ? 1 : (wanted < limit ? wanted : limit));
+  const bool decoupled = mode == AdamMode::kDecoupled;
+  const auto kernel = vectors ? (decoupled ? fused_adam_flat_kernel<P, G, M, C, AdamMode::kDecoupled, kVec>
+                                           : fused_adam_flat_kernel<P, G, M, C, AdamMode::kL2, kVec>)
+                              : (decoupled ? fused_adam_flat_kernel<P, G, M, C, AdamMode::kDecoupled, 1>
+                                           : fused_adam_flat_kernel<P, G, M, C, AdamMode::kL2, 1>);
+  return launch_kernel(kernel, blocks, kFlatBlockSize, stream, b, hyper, grad_scale, found_inf, store_grads);
+}
+
+}  // namespace
+
+cudaError_t launch_fused_adam_flat(const AdamFlatBuffers& b, const AdamHyper& hyper, AdamMode mode,
+                                   const float* grad_scale, const float* found_inf, cudaStream_t stream) {
+  if (b.moment_kind == FloatKind::kFloat16 || b.step_count < 1) return cudaErrorInvalidValue;
+  if (b.numel > 0) {
+    const cudaError_t error = with_type(b.param_kind, [&](auto p_tag) {
+      return with_type(b.grad_kind, [&](auto g_tag) {
+        using P = typename decltype(p_tag)::type;
+        using G = typename decltype(g_tag)::type;
+        const auto with_moments = [&](auto m_tag) {
+          using M = typename decltype(m_tag)::type;
+          if (b.model_copy == nullptr) return launch_typed<P, G, M, NoCopy>(b, hyper, mode, grad_scale, found_inf, stream);
+          if constexpr (std::is_same<P, float>::value) {
+            return with_type(b.copy_kind, [&](auto c_tag) {
+              using C = typename decltype(c_tag)::type;
+              if constexpr (std::is_same<C, float>::value) {
+                return cudaErrorInvalidValue;  // a float32 copy of float32 params is pointless
+              } else {
+                return launch_typed<P, G, M, C>(b, hyper, mode, grad_scale, found_inf, stream);
+              }
+            });
+          } else {
+            return cudaErrorInvalidValue;  // half copies are only written from float32 masters
+          }
+        };
+        return b.moment_kind == FloatKind::kBFloat16 ? with_moments(Tag<__nv_bfloat16>{}) : with_moments(Tag<float>{});
+      });
+    });
+    if (error != cudaSuccess) return error;
+  }
+  const int blocks = static_cast<int>((b.step_count + kStepBlockSize - 1) / kStepBlockSize);
+  return launch_kernel(advance_flat_steps_kernel, blocks, kStepBlockSize, stream, b.steps, b.step_count, found_inf);
+}
+
+}  // namespace cuda
+}  // namespace apexlite

@@ -1,0 +1,245 @@
+// apexlite._C.flat_grads: the per-step check of one FusedAdam flat buffer set, in one pass over its
+// params with no Python per param (apexlite/optimizers/_flat_grads.py holds the same logic in Python,
+// used when this library is not loaded, and documents the contract: NOTE [flat grads]).
+//
+// Given the set's members (params whose .data are views into the set's buffers) it answers whether
+// this step can run on the flat buffers, and makes the grads one flat buffer when it can:
+// * every member's grad already a view of one buffer of the set's layout: that buffer is returned;
+// * some grads are fresh tensors (autograd made them after zero_grad(set_to_none=True)): their values
+//   are copied into the buffer and each grad tensor is re-pointed into it (same Python object, shape,
+//   strides and values; only its storage changes), so .grad keeps its identity and later in-place
+//   writes (autograd accumulation, the unscaled grads of a GradScaler step) land in the buffer;
+// * anything else (a missing grad, another dtype or layout, a grad other tensors share, a replaced
+//   param) is reported with a reason, and nothing has been changed.
+// Member params' version counters are bumped (the kernel writes them raw).
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <vector>
+
+#include "checks.h"
+
+namespace apexlite {
+namespace {
+
+enum Status : int { kReady = 0, kListPath = 1, kRebuild = 2 };
+// Must match REASONS in apexlite/optimizers/_flat_grads.py.
+enum Reason : int {
+  kNone = 0,
+  kGroupChanged = 1,
+  kParamMoved = 2,
+  kMissingGrad = 3,
+  kGradDtype = 4,
+  kMasterGrad = 5,
+  kOddGrad = 6,
+  kSharedGrad = 7,
+  kLargeFreshGrads = 8,
+};
+
+int status_of(int reason) {
+  return reason == kGroupChanged || reason == kParamMoved || reason == kMissingGrad || reason == kGradDtype
+             ? kRebuild
+             : kListPath;
+}
+
+// Equal strides on every dim that addresses memory (size > 1): the same dense block, element for element.
+bool same_layout(const at::Tensor& grad, const at::Tensor& param) {
+  if (grad.dim() != param.dim() || grad.sizes() != param.sizes()) return false;
+  for (int64_t d = 0; d < param.dim(); ++d) {
+    if (param.size(d) > 1 && grad.stride(d) != param.stride(d)) return false;
+  }
+  return true;
+}
+
+// Starts loading what the scan of member i reads, in stages (each needs the previous one's pointer):
+// the objects of one param sit at scattered addresses, and a cold pass waits on each miss in turn.
+constexpr Py_ssize_t kAhead = 4;
+
+void prefetch_lines(const void* address) {
+  const char* bytes = static_cast<const char*>(address);
+  for (int line = 0; line < 3; ++line) __builtin_prefetch(bytes + 64 * line);
+}
+
+void prefetch_member(PyObject* members, Py_ssize_t i, Py_ssize_t count) {
+  if (i + 3 * kAhead < count) __builtin_prefetch(PyTuple_GET_ITEM(members, i + 3 * kAhead));
+  if (i + 2 * kAhead < count) prefetch_lines(THPVariable_Unpack(PyTuple_GET_ITEM(members, i + 2 * kAhead)).unsafeGetTensorImpl());
+  if (i + kAhead < count) {
+    const c10::AutogradMetaInterface* meta =
+        THPVariable_Unpack(PyTuple_GET_ITEM(members, i + kAhead)).unsafeGetTensorImpl()->autograd_meta();
+    if (meta != nullptr) __builtin_prefetch(meta);
+  }
+  if (i + 1 < count) {
+    const at::Tensor& next = THPVariable_Unpack(PyTuple_GET_ITEM(members, i + 1));
+    if (next.unsafeGetTensorImpl()->autograd_meta() != nullptr && next.grad().defined()) {
+      prefetch_lines(next.grad().unsafeGetTensorImpl());
+    }
+  }
+}
+
+// A grad whose storage apexlite may re-point: its own memory, referenced by no other tensor.
+bool movable(const at::Tensor& grad) {
+  const c10::TensorImpl* impl = grad.unsafeGetTensorImpl();
+  return !grad.is_view() && !grad.requires_grad() && impl->allow_tensor_metadata_change() && !grad.is_inference() &&
+         !grad.key_set().has(c10::DispatchKey::Python) && grad.storage().use_count() == 1;
+}
+
+// apexlite::flat_gather_ on the CPU: one memcpy per source (the sources are dense and of flat's dtype).
+void flat_gather_cpu(const at::Tensor& flat, at::TensorList sources, at::IntArrayRef offsets) {
+  check_flat_gather_args(flat, sources, offsets, at::kCPU);
+  char* base = static_cast<char*>(flat.data_ptr());
+  const int64_t size = flat.element_size();
+  at::parallel_for(0, static_cast<int64_t>(sources.size()), 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      std::memcpy(base + offsets[i] * size, sources[i].data_ptr(), sources[i].numel() * size);
+    }
+  });
+}
+
+// Copies each grad into `flat` at its offset: the gather kernel where the device has one (one launch
+// whatever the number of grads), else one foreach copy (apexlite's CUDA kernel not loaded).
+void copy_into(const at::Tensor& flat, const std::vector<at::Tensor>& grads, const std::vector<int64_t>& offsets) {
+  if (flat.is_cpu()) {
+    flat_gather_cpu(flat, grads, offsets);
+    return;
+  }
+  static const auto gather = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("apexlite::flat_gather_", "")
+                                 .typed<void(const at::Tensor&, at::TensorList, at::IntArrayRef)>();
+  if (gather.hasKernelForDispatchKey(flat.key_set().highestPriorityTypeId())) {
+    gather.call(flat, grads, offsets);
+    return;
+  }
+  std::vector<at::Tensor> targets, sources;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const int64_t n = grads[i].numel();
+    targets.push_back(flat.narrow(0, offsets[i], n));
+    sources.push_back(grads[i].as_strided({n}, {1}));  // the grad's dense block in memory order
+  }
+  at::_foreach_copy_(targets, sources);
+}
+
+PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
+  HANDLE_TH_ERRORS
+  PyObject *group_params, *known, *members, *masters, *param_ptrs_obj, *offsets_obj, *grad_like_obj;
+  long long total, shift;  // the grad buffer: `total` elements from element `shift` of its storage
+  long long max_fresh_average;  // > 0: fresh grads larger than this on average are not copied
+  if (!PyArg_ParseTuple(args, "OO!O!OOOOLLL", &group_params, &PyTuple_Type, &known, &PyTuple_Type, &members,
+                        &masters, &param_ptrs_obj, &offsets_obj, &grad_like_obj, &total, &shift,
+                        &max_fresh_average)) {
+    return nullptr;
+  }
+  const at::Tensor& param_ptrs = THPVariable_Unpack(param_ptrs_obj);
+  const at::Tensor& offset_tensor = THPVariable_Unpack(offsets_obj);
+  const at::Tensor& grad_like = THPVariable_Unpack(grad_like_obj);
+  const Py_ssize_t count = PyTuple_GET_SIZE(members);
+  TORCH_CHECK(param_ptrs.numel() == count && offset_tensor.numel() == count && param_ptrs.is_contiguous() &&
+                  offset_tensor.is_contiguous() && param_ptrs.scalar_type() == at::kLong &&
+                  offset_tensor.scalar_type() == at::kLong,
+              "apexlite._C.flat_grads: param_ptrs and offsets must be contiguous int64 tensors of one entry per member");
+  const bool with_masters = masters != Py_None;
+  TORCH_CHECK(!with_masters || (PyTuple_Check(masters) && PyTuple_GET_SIZE(masters) == count),
+              "apexlite._C.flat_grads: masters must be None or a tuple of one tensor per member");
+  const int64_t* expected = param_ptrs.data_ptr<int64_t>();
+  const int64_t* offsets = offset_tensor.data_ptr<int64_t>();
+  const auto verdict = [](int reason) { return Py_BuildValue("iiO", status_of(reason), reason, Py_None); };
+
+  PyObject* fast = PySequence_Fast(group_params, "a param group's params must be a sequence");
+  if (fast == nullptr) return nullptr;
+  bool same_group = PySequence_Fast_GET_SIZE(fast) == PyTuple_GET_SIZE(known);
+  for (Py_ssize_t i = 0; same_group && i < PyTuple_GET_SIZE(known); ++i) {
+    same_group = PySequence_Fast_GET_ITEM(fast, i) == PyTuple_GET_ITEM(known, i);
+  }
+  Py_DECREF(fast);
+  if (!same_group) return verdict(kGroupChanged);
+
+  // Reasons that rebuild the layout return at once; the others are noted and the scan goes on, so
+  // that a missing grad further on is never hidden behind them (its counter would fall behind).
+  c10::Storage buffer;  // the grad buffer the in-place grads share, once one is seen
+  const int64_t element_size = grad_like.element_size();
+  std::vector<at::Tensor> grads(count);
+  std::vector<bool> in_place(count, false);
+  int64_t in_place_count = 0;
+  int reason = kNone;
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    prefetch_member(members, i, count);
+    const at::Tensor& param = THPVariable_Unpack(PyTuple_GET_ITEM(members, i));
+    // The kernel writes the params through raw pointers. Bumped here, while the param is at hand: a
+    // step that then takes the per-tensor path bumps them again, which is harmless.
+    param.unsafeGetTensorImpl()->bump_version();
+    if (reinterpret_cast<int64_t>(param.data_ptr()) != expected[i]) return verdict(kParamMoved);
+    const at::Tensor& grad = param.grad();
+    if (!grad.defined()) return verdict(kMissingGrad);
+    if (grad.scalar_type() != grad_like.scalar_type()) return verdict(kGradDtype);
+    if (with_masters && THPVariable_Unpack(PyTuple_GET_ITEM(masters, i)).grad().defined()) {
+      reason = reason ? reason : kMasterGrad;
+    } else if (grad.layout() != at::kStrided || grad.device() != param.device() || !same_layout(grad, param)) {
+      reason = reason ? reason : kOddGrad;
+    }
+    if (reason) continue;
+    const c10::Storage& storage = grad.storage();
+    if (!buffer && grad.storage_offset() == shift + offsets[i] &&
+        static_cast<int64_t>(storage.nbytes()) == (shift + total) * element_size) {
+      buffer = storage;
+    }
+    const bool mine = buffer && storage.unsafeGetStorageImpl() == buffer.unsafeGetStorageImpl();
+    if (mine && grad.storage_offset() != shift + offsets[i]) {
+      reason = kOddGrad;  // the buffer in another layout
+    } else if (!mine && !movable(grad)) {
+      reason = kSharedGrad;
+    }
+    grads[i] = grad;
+    in_place[i] = mine;
+    in_place_count += mine ? 1 : 0;
+  }
+  if (reason) return verdict(reason);
+  if (max_fresh_average > 0) {
+    int64_t fresh_elements = 0;
+    for (Py_ssize_t i = 0; i < count; ++i) fresh_elements += in_place[i] ? 0 : grads[i].numel();
+    if (fresh_elements > max_fresh_average * (count - in_place_count)) return verdict(kLargeFreshGrads);
+  }
+
+  // Fresh grads move into the buffer only when no tensor but the in-place grads (and `buffer` here)
+  // holds it: an old grad a caller kept would otherwise see its values overwritten. Else all move
+  // into a new buffer.
+  const bool reuse = buffer && (in_place_count == count || buffer.use_count() == in_place_count + 1);
+  at::Tensor flat = at::empty({0}, grad_like.options());
+  flat.set_(reuse ? buffer : at::empty({shift + total}, grad_like.options()).storage(), shift, {total}, {1});
+  std::vector<at::Tensor> moving;
+  std::vector<int64_t> moving_offsets;  // in `flat`
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    if (!(reuse && in_place[i])) {
+      moving.push_back(grads[i]);
+      moving_offsets.push_back(offsets[i]);
+    }
+  }
+  if (!moving.empty()) copy_into(flat, moving, moving_offsets);
+  for (size_t i = 0; i < moving.size(); ++i) {
+    c10::TensorImpl* impl = moving[i].unsafeGetTensorImpl();
+    impl->set_storage_keep_dtype(flat.storage());
+    impl->set_storage_offset(shift + moving_offsets[i]);
+  }
+  return Py_BuildValue("iiN", kReady, kNone, THPVariable_Wrap(flat));
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef kFunctions[] = {
+    {"flat_grads", flat_grads, METH_VARARGS,
+     "flat_grads(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, "
+     "max_fresh_average) -> "
+     "(status, reason, flat_grad or None): see apexlite/optimizers/_flat_grads.py"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+}  // namespace
+
+int register_flat_grad_functions(PyObject* module) { return PyModule_AddFunctions(module, kFunctions); }
+
+TORCH_LIBRARY_IMPL(apexlite, CPU, m) { m.impl("flat_gather_", &flat_gather_cpu); }
+
+}  // namespace apexlite

@@ -35,7 +35,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader as _ext
 from apexlite.optimizers._adam_step import bump_versions
 
 READY, LIST_PATH, REBUILD = 0, 1, 2

@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader as _ext
 from tests.csrc import emulated_cuda
 
 pytestmark = pytest.mark.skipif(not _ext.kernels_available("cpu"), reason="compiled CPU library not built")

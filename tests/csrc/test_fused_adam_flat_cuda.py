@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader as _ext
 from apexlite.optimizers import FusedAdam
 from tests.csrc.test_fused_adam_cuda import no_host_sync
 from tests.csrc.test_fused_adam_flat_op import DTYPE_COMBOS, HYPER, _bits, flat_of, tensor_lists

@@ -16,7 +16,7 @@ from typing import List, Optional
 import pytest
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader as _ext
 from tests.csrc import emulated_cuda
 from tests.csrc.test_fused_adam_cuda_host import COUNTING, GUARD, GUARD_VALUE, HYPER
 from tests.csrc.test_fused_adam_flat_op import DTYPE_COMBOS, _bits, flat_of, tensor_lists

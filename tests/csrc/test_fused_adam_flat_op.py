@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader as _ext
 
 pytestmark = pytest.mark.skipif(not _ext.kernels_available("cpu"), reason="compiled CPU kernel not built")
 

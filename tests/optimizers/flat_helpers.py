@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from apexlite import _ext
+from apexlite._native import loader as _ext
 from apexlite.optimizers import FusedAdam, _flat_grads
 from apexlite.optimizers import fused_adam as fused_adam_module
 from tests.optimizers.adam_helpers import IMPLEMENTATIONS

@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from apexlite import _ext
+from apexlite._native import loader as _ext
 from apexlite.optimizers import FusedAdam, _flat_grads
 from tests.optimizers.flat_helpers import (  # noqa: F401 (grad_pass: a fixture)
     COMBOS, HYPER, IMPLS, assert_same, assign, count_calls, grad_pass, grads_for, make_params, twins,

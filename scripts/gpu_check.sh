@@ -2,9 +2,9 @@
 # One command that checks apexlite on a GPU machine, within 8 minutes, leaving a record:
 #   1. build    apexlite._C with the CUDA kernel for this GPU (APEXLITE_CUDA=1, MAX_JOBS = all cores);
 #   2. doctor   `python -m apexlite doctor`;
-#   3. tests    the project's `cuda` tests (the `cuda_host` ones need no GPU: CI runs them), and the CPU tests whose
-#               subject is torch-version sensitive (compiled norms but the slow inductor ones, the unscale routes,
-#               repeated initialize, checkpoint order), on this machine's torch;
+#   3. tests    two steps side by side: tests_cuda, the project's `cuda` tests (the `cuda_host` ones need no GPU:
+#               CI runs them), and tests_torch_version, the CPU tests whose subject is torch-version sensitive
+#               (compiled norms but the slow inductor ones, unscale routes, repeated initialize, checkpoint order);
 #   4. apex_*   apex's own L0 suites run_amp, run_optimizers, run_fp16util and run_fused_layer_norm, unported
 #               (scripts/run_apex_l0.py --device cuda), judged against scripts/apex_l0_expected.tsv; the four
 #               run at once beside the tests, each a process of its own;
@@ -12,14 +12,17 @@
 #               copy roofline, bench/bench_gpu.py's figures, and repeated amp.initialize on CUDA.
 # Every step has its own time limit (`timeout`), so a stall or a failure in one still reports the others;
 # the limits add up to under 10 minutes (build 150 s, doctor 30, tests and apex's suites side by side 240,
-# benchmarks 190), and a passing run on an H100/H200 takes about 5.
+# benchmarks 190). Measured on an NVIDIA H200 (16 cores, 2026-11-27, commit 403d2ca): 330 s in all (build 23,
+# doctor 3, tests and apex's suites 240: tests_cuda 224 and run_fused_layer_norm 183 the longest, benchmarks 56).
 # The record, in $APEXLITE_GPU_CHECK_OUT (default gpu_check_results): summary.md (a line per step: status,
-# seconds, the log's last line), logs/STEP.log, and the benchmarks' results.md/json.
+# seconds, the log's last line), logs/STEP.log, the benchmarks' results.md/json (bench_gpu) and
+# adam_tensor_counts/results.md/json.
 # apex's tests are read from $APEXLITE_APEX_TESTS, a folder holding apex's tests/L0 (an export of apex at
 # e13873de, the last commit with amp: `git -C APEX archive e13873de tests/L0 | tar -x -C DIR`); without it
 # step 4 is skipped, saying so. They need expecttest and numpy beside pytest.
 # Exit status: 0 when every step passed. Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST
-# (default: this GPU's), APEXLITE_GPU_CHECK_STEPS (default "build doctor tests apex bench").
+# (default: this GPU's), APEXLITE_GPU_CHECK_STEPS (default "build doctor tests apex bench"),
+# APEXLITE_GPU_CHECK_COMMIT (the commit the summary names; default: git's HEAD, if the tree is a checkout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -63,16 +66,15 @@ step() {
     return $rc
 }
 
-# The project's GPU tests, then the CPU tests whose subject depends on the torch version (this machine's torch
-# is not CI's): torch.compile of the norms, the unscale routes, repeated initialize.
-project_tests() {
-    local py=$1 rc=0
-    "$py" -m pytest -q -p no:cacheprovider --durations=15 -o faulthandler_timeout=120 -m cuda tests \
-        --ignore=tests/migrate || rc=1
-    "$py" -m pytest -q -p no:cacheprovider --durations=5 -o faulthandler_timeout=120 -m "not slow" \
+# The project's GPU tests; beside them, the CPU tests whose subject depends on the torch version (this machine's
+# torch is not CI's): torch.compile of the norms, the unscale routes, repeated initialize, checkpoint order.
+cuda_tests() {
+    "$1" -m pytest -q -p no:cacheprovider --durations=15 -o faulthandler_timeout=120 -m cuda tests --ignore=tests/migrate
+}
+torch_version_tests() {
+    "$1" -m pytest -q -p no:cacheprovider --durations=5 -o faulthandler_timeout=120 -m "not slow" \
         tests/normalization/test_compiled_norms.py tests/amp/test_unscale.py tests/amp/test_registrations_are_weak.py \
-        tests/amp/test_checkpoint_order.py || rc=1
-    return $rc
+        tests/amp/test_checkpoint_order.py
 }
 
 failures=0
@@ -86,7 +88,9 @@ fi
 
 pids=()
 if wanted tests; then
-    step tests 240 bash -c "$(declare -f project_tests); project_tests '$PY'" &
+    step tests_cuda 240 bash -c "$(declare -f cuda_tests); cuda_tests '$PY'" &
+    pids+=($!)
+    step tests_torch_version 240 bash -c "$(declare -f torch_version_tests); torch_version_tests '$PY'" &
     pids+=($!)
 fi
 if wanted apex; then

@@ -184,7 +184,11 @@ def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
 
 def cast_if_autocast_enabled(*args: Any) -> Tuple[Any, ...]:
     """Under autocast, floating (non-float64) tensors on the autocast device go to its dtype."""
-    device_type = next((arg.device.type for arg in args if isinstance(arg, torch.Tensor)), "cpu")
+    device_type = "cpu"
+    for arg in args:  # a plain loop: torch 2.5's dynamo cannot trace next() with a default
+        if isinstance(arg, torch.Tensor):
+            device_type = arg.device.type
+            break
     dtype = autocast_dtype(device_type)
     if dtype is None:
         return args

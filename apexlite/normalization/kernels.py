@@ -19,7 +19,7 @@ tests/normalization/test_compiled_norms.py compares compiled with eager forward 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Any, ContextManager, Optional, Sequence, Tuple
 
 import torch
 
@@ -31,15 +31,15 @@ def stats_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-@contextlib.contextmanager
-def autocast_off(device_type: str) -> Iterator[None]:
-    """No autocast for the block on `device_type` (the maths below chooses its own dtypes)."""
+def autocast_off(device_type: str) -> ContextManager[Any]:
+    """No autocast for the block on `device_type` (the maths below chooses its own dtypes). A context object,
+    not a generator: torch 2.5's dynamo cannot trace a contextlib.contextmanager."""
+    if device_type in ("cpu", "cuda"):
+        return torch.autocast(device_type, enabled=False)
     try:
-        context = torch.autocast(device_type, enabled=False)
+        return torch.autocast(device_type, enabled=False)
     except RuntimeError:  # a device type autocast does not know: nothing to turn off
-        context = contextlib.nullcontext()
-    with context:
-        yield
+        return contextlib.nullcontext()
 
 
 def check_shapes(input: Tensor, shape: Tuple[int, ...], *params: Optional[Tensor]) -> None:

@@ -58,6 +58,8 @@ def grads_for(params, dtype, seed):
 def assign(params, grads):
     for p, g in zip(params, grads):
         if g.dtype != p.dtype:
+            if not hasattr(torch.Tensor, "grad_dtype"):
+                pytest.skip("this torch cannot attach a gradient of another dtype (no Tensor.grad_dtype)")
             p.grad_dtype = g.dtype
         p.grad = g.clone()
 

@@ -67,6 +67,14 @@ def with_dependencies(names: Set[str]) -> Set[str]:
     return found
 
 
+def _installed(name: str) -> bool:
+    try:
+        metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def imported_distributions(modules: Set[str]) -> Set[str]:
     owners = metadata.packages_distributions()
     return {_name(dist) for module in modules for dist in owners.get(module, [])} - {"apexlite"}
@@ -78,6 +86,9 @@ def test_the_main_profile_names_numpy_and_libcst():
 
 @pytest.mark.parametrize("args, statuses", [c[1:] for c in README_COMMANDS], ids=[c[0] for c in README_COMMANDS])
 def test_a_readme_command_imports_only_the_main_profile_and_warns_nothing(tmp_path, args, statuses):
+    absent = sorted(name for name in main_profile() if not _installed(name))
+    if absent:  # e.g. CI's torch-floor venv, made by hand: what it prints says nothing about setup.sh's
+        pytest.skip(f"this environment was not made by scripts/setup.sh: {', '.join(absent)} not installed")
     record = tmp_path / "modules.json"
     done = subprocess.run([sys.executable, "-c", RECORDER, str(record), *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env=user_environment(TORCH_EXTENSIONS_DIR=str(tmp_path / "ext")))

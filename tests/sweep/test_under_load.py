@@ -1,5 +1,6 @@
 """A sweep beside a deliberate CPU hog: whatever speed it claims, a quiet run of the same sweep must not
-contradict beyond the claim's interval; and when the hog leaves nothing to measure, it says so."""
+contradict beyond the claim's interval (the quiet run's own interval counted: CI's "quiet" machine is shared
+too); and when the hog leaves nothing to measure, it says so."""
 import contextlib
 import json
 import os
@@ -82,8 +83,9 @@ def test_no_speed_claimed_beside_a_cpu_hog_is_contradicted_by_a_quiet_run(tmp_pa
     _check_honest(loaded_out, loaded)
     quiet_claims = _claims(quiet)
     for pair, claim in _claims(loaded).items():
-        if pair in quiet_claims:
-            assert claim["low"] <= quiet_claims[pair]["estimate"] <= claim["high"], (claim, quiet_claims[pair])
-    if ("O1", "float16") in quiet_claims:  # a quiet machine measured it: the recommendation is today's
-        assert quiet_claims[("O1", "float16")]["verdict"] == "slower"
+        if pair in quiet_claims:  # the quiet run is a measurement too: a contradiction is two disjoint intervals
+            other = quiet_claims[pair]
+            assert claim["low"] <= other["high"] and other["low"] <= claim["high"], (claim, other)
+    quiet_o1 = quiet_claims.get(("O1", "float16"), {}).get("verdict")
+    if quiet_o1 is not None and quiet_o1 != "faster":  # measured, and O1 not faster: the recommendation is today's
         assert (quiet["recommendation"]["opt_level"], quiet["recommendation"]["dtype"]) == ("O0", "float32")

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+import pytest
 import torch
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
@@ -167,3 +168,13 @@ class EmulatedKernels:
 def kernels() -> EmulatedKernels:
     """The emulation library of the current sources, built on first use."""
     return EmulatedKernels(build())
+
+
+def kernels_or_skip() -> EmulatedKernels:
+    """`kernels()` with an empty launch log, or the calling test skipped where g++ is missing."""
+    try:
+        emulated = kernels()
+    except CompilerMissing as missing:
+        pytest.skip(str(missing))
+    emulated.take_launches()
+    return emulated

@@ -87,12 +87,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def emulated():
-    try:
-        kernels = emulated_cuda.kernels()
-    except emulated_cuda.CompilerMissing as missing:
-        pytest.skip(str(missing))
-    kernels.take_launches()
-    return kernels
+    return emulated_cuda.kernels_or_skip()
 
 
 def _lists(numels, combo, seed=0):

@@ -34,12 +34,7 @@ NUMELS = [3, 1000, 3 * GRID_LIMIT * BLOCK * VEC - 1000 - 3 + 5 - 13 * 7] + [7] *
 
 @pytest.fixture(scope="module")
 def emulated():
-    try:
-        kernels = emulated_cuda.kernels()
-    except emulated_cuda.CompilerMissing as missing:
-        pytest.skip(str(missing))
-    kernels.take_launches()
-    return kernels
+    return emulated_cuda.kernels_or_skip()
 
 
 class GuardedFlat:

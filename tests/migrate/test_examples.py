@@ -14,21 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+from tests._helpers import isolated
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-TORCH_SITE = str(Path(torch.__file__).resolve().parents[1])
 TIMEOUT_S = 600
-ISOLATED = """
-import importlib.util, os, runpy, sys
-script, site = sys.argv[1], sys.argv[2]
-sys.path[:] = [os.path.dirname(script), *sys.path, site]  # -I -S: the standard library only, until now
-assert importlib.util.find_spec("apexlite") is None, "apexlite is importable"
-assert importlib.util.find_spec("apex") is None, "apex is importable"
-sys.argv = [script, *sys.argv[3:]]
-runpy.run_path(script, run_name="__main__")
-"""
 
 # (example, migrate options, script arguments, --max-steps, whether the result needs apexlite)
 CASES = [
@@ -51,8 +42,7 @@ def migrate(*args):
 
 
 def run_isolated(script, *args, env=None):
-    return subprocess.run([sys.executable, "-I", "-S", "-c", ISOLATED, str(script), TORCH_SITE, *args],
-                          capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    return isolated.run_isolated(script, *args, timeout=TIMEOUT_S, env=env)
 
 
 @pytest.mark.slow
@@ -96,7 +86,7 @@ def test_migrated_distributed_example_keeps_ranks_in_sync(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "torch.nn.parallel.DistributedDataParallel(model)" in out.read_text()
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
-    procs = [subprocess.Popen([sys.executable, "-I", "-S", "-c", ISOLATED, str(out), TORCH_SITE, "--steps", "4"],
+    procs = [subprocess.Popen(isolated.isolated_command(out, "--steps", "4"),
                               env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for rank in range(2)]
     outputs = []

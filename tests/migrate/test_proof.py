@@ -10,28 +10,16 @@ the amp part stays with one TODO saying what to write, and the status is 1. Foll
 letter gives a script that trains in mixed precision with a GradScaler, with apex and apexlite unimportable.
 """
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from apexlite.migrate.edits import TODO_PREFIX
 from apexlite.migrate.engine import migrate_source, migrate_sources
+from tests._helpers.isolated import run_isolated
 
 HERE = Path(__file__).parent
 FOLDER = HERE / "scripts" / "timm_shaped"
-TORCH_SITE = str(Path(torch.__file__).resolve().parents[1])
-ISOLATED = """
-import importlib.util, os, runpy, sys
-script, site = sys.argv[1], sys.argv[2]
-sys.path[:] = [os.path.dirname(script), *sys.path, site]  # -I -S: the standard library only, until now
-assert importlib.util.find_spec("apexlite") is None, "apexlite is importable"
-assert importlib.util.find_spec("apex") is None, "apex is importable"
-sys.argv = [script, *sys.argv[3:]]
-runpy.run_path(script, run_name="__main__")
-"""
 AMP_LINES = ('        model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n',
              "        loss_scaler = utils.ApexScaler()\n")
 
@@ -102,8 +90,7 @@ def test_following_the_todo_trains_in_mixed_precision_with_neither_apex_nor_apex
     script = tmp_path / "train.py"
     script.write_text(_followed(result.migrated.decode(), _todo(result)))
     (tmp_path / "utils.py").write_bytes((FOLDER / "utils.py").read_bytes())
-    ran = subprocess.run([sys.executable, "-I", "-S", "-c", ISOLATED, str(script), TORCH_SITE, "--apex-amp"],
-                         capture_output=True, text=True, timeout=300)
+    ran = run_isolated(script, "--apex-amp", timeout=300)
     assert ran.returncode == 0, ran.stderr[-3000:]
     steps = re.findall(r"loss ([\d.]+) dtype (\S+) scaler (\S+)", ran.stdout)
     assert len(steps) == 3
@@ -117,7 +104,6 @@ def test_without_following_it_the_apex_path_would_train_in_fp32(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(source)
     (tmp_path / "utils.py").write_bytes((FOLDER / "utils.py").read_bytes())
-    ran = subprocess.run([sys.executable, "-I", "-S", "-c", ISOLATED, str(script), TORCH_SITE, "--apex-amp"],
-                         capture_output=True, text=True, timeout=300)
+    ran = run_isolated(script, "--apex-amp", timeout=300)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert set(re.findall(r"dtype (\S+)", ran.stdout)) == {"torch.float32"}

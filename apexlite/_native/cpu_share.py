@@ -76,8 +76,12 @@ def _read(path: str) -> str:
 
 
 def _group(pid: str, autogroups: bool) -> str:
-    """The scheduling group of process `pid` ("/autogroup-7"), or one group for all where autogroup is off."""
-    return _read(f"{PROC}/{pid}/autogroup").split()[0] if autogroups else "all"
+    """The scheduling group of process `pid` ("/autogroup-7"), or one group for all where autogroup is
+    off. Some containers give an empty autogroup file: that process's group is "unknown"."""
+    if not autogroups:
+        return "all"
+    words = _read(f"{PROC}/{pid}/autogroup").split()
+    return words[0] if words else "unknown"
 
 
 def runnable_by_group(autogroups: bool, skip_pid: int) -> Dict[str, int]:
@@ -105,6 +109,8 @@ def running_now(samples: int = 10, interval: float = 0.05) -> Optional[Tuple[flo
         autogroups = _read(AUTOGROUP_SWITCH).strip() == "1"
         own = _group("self", autogroups)
     except OSError:
+        autogroups, own = False, "all"
+    if own == "unknown":  # this process's group cannot be read: the groups cannot be told apart
         autogroups, own = False, "all"
     totals: Dict[str, float] = collections.Counter()
     try:

@@ -80,6 +80,19 @@ def test_running_tasks_by_group_from_proc(tmp_path, monkeypatch):
     assert cpu_share.running_now(samples=1) is None
 
 
+def test_an_empty_autogroup_file_counts_every_task_in_one_group(tmp_path, monkeypatch):
+    """Some containers have autogroup on but give empty /proc/<pid>/autogroup files (CI's did)."""
+    _fake_proc(tmp_path, {10: ("", ["R"]), 20: ("", ["R", "R"]), os.getpid(): ("", ["R"])})
+    (tmp_path / "self" / "autogroup").write_text("")
+    for pid in (10, 20, os.getpid()):
+        (tmp_path / str(pid) / "autogroup").write_text("")
+    monkeypatch.setattr(cpu_share, "PROC", str(tmp_path))
+    monkeypatch.setattr(cpu_share, "AUTOGROUP_SWITCH", str(tmp_path / "sys" / "kernel" / "sched_autogroup_enabled"))
+    assert cpu_share.running_now(samples=1) == (3.0, ())
+    (tmp_path / "self" / "autogroup").write_text("/autogroup-3 nice 0\n")  # only the others' are empty
+    assert cpu_share.running_now(samples=1) == (0.0, (3.0,))
+
+
 def test_without_proc_the_load_average_stands_in(monkeypatch):
     monkeypatch.setattr(cpu_share, "running_now", lambda: None)
     monkeypatch.setattr(cpu_share.os, "getloadavg", lambda: (3.0, 0.0, 0.0))

@@ -57,6 +57,18 @@ bool same_layout(const at::Tensor& grad, const at::Tensor& param) {
   return true;
 }
 
+// A param's .grad as its autograd metadata holds it. Tensor::grad() would also check, on every call,
+// whether a missing grad deserves a warning (a non-leaf tensor's): about a third of the scan's work.
+const at::Tensor& grad_of(const at::Tensor& param) { return param.unsafeGetTensorImpl()->grad(); }
+
+// Where a param's data starts, as data_ptr() gives it, without data_ptr()'s checks (the members are
+// dense tensors with storage, checked when the set was built).
+int64_t address_of(const at::Tensor& param) {
+  const c10::TensorImpl* impl = param.unsafeGetTensorImpl();
+  return reinterpret_cast<int64_t>(static_cast<const char*>(impl->unsafe_storage().data()) +
+                                   impl->storage_offset() * static_cast<int64_t>(impl->itemsize()));
+}
+
 // Starts loading what the scan of member i reads, in stages (each needs the previous one's pointer):
 // the objects of one param sit at scattered addresses, and a cold pass waits on each miss in turn.
 constexpr Py_ssize_t kAhead = 4;
@@ -75,10 +87,8 @@ void prefetch_member(PyObject* members, Py_ssize_t i, Py_ssize_t count) {
     if (meta != nullptr) __builtin_prefetch(meta);
   }
   if (i + 1 < count) {
-    const at::Tensor& next = THPVariable_Unpack(PyTuple_GET_ITEM(members, i + 1));
-    if (next.unsafeGetTensorImpl()->autograd_meta() != nullptr && next.grad().defined()) {
-      prefetch_lines(next.grad().unsafeGetTensorImpl());
-    }
+    const at::Tensor& next_grad = grad_of(THPVariable_Unpack(PyTuple_GET_ITEM(members, i + 1)));
+    if (next_grad.defined()) prefetch_lines(next_grad.unsafeGetTensorImpl());
   }
 }
 
@@ -162,7 +172,9 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   // that a missing grad further on is never hidden behind them (its counter would fall behind).
   c10::Storage buffer;  // the grad buffer the in-place grads share, once one is seen
   const int64_t element_size = grad_like.element_size();
-  std::vector<at::Tensor> grads(count);
+  // The grads as their .grad slots hold them: no reference is taken (two atomics per member saved),
+  // which is safe because nothing in this call runs Python or touches a param's grad.
+  std::vector<const at::Tensor*> grads(count);
   std::vector<bool> in_place(count, false);
   int64_t in_place_count = 0;
   int reason = kNone;
@@ -172,11 +184,11 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
     // The kernel writes the params through raw pointers. Bumped here, while the param is at hand: a
     // step that then takes the per-tensor path bumps them again, which is harmless.
     param.unsafeGetTensorImpl()->bump_version();
-    if (reinterpret_cast<int64_t>(param.data_ptr()) != expected[i]) return verdict(kParamMoved);
-    const at::Tensor& grad = param.grad();
+    if (address_of(param) != expected[i]) return verdict(kParamMoved);
+    const at::Tensor& grad = grad_of(param);
     if (!grad.defined()) return verdict(kMissingGrad);
     if (grad.scalar_type() != grad_like.scalar_type()) return verdict(kGradDtype);
-    if (with_masters && THPVariable_Unpack(PyTuple_GET_ITEM(masters, i)).grad().defined()) {
+    if (with_masters && grad_of(THPVariable_Unpack(PyTuple_GET_ITEM(masters, i))).defined()) {
       reason = reason ? reason : kMasterGrad;
     } else if (grad.layout() != at::kStrided || grad.device() != param.device() || !same_layout(grad, param)) {
       reason = reason ? reason : kOddGrad;
@@ -193,14 +205,14 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
     } else if (!mine && !movable(grad)) {
       reason = kSharedGrad;
     }
-    grads[i] = grad;
+    grads[i] = &grad;
     in_place[i] = mine;
     in_place_count += mine ? 1 : 0;
   }
   if (reason) return verdict(reason);
   if (max_fresh_average > 0) {
     int64_t fresh_elements = 0;
-    for (Py_ssize_t i = 0; i < count; ++i) fresh_elements += in_place[i] ? 0 : grads[i].numel();
+    for (Py_ssize_t i = 0; i < count; ++i) fresh_elements += in_place[i] ? 0 : grads[i]->numel();
     if (fresh_elements > max_fresh_average * (count - in_place_count)) return verdict(kLargeFreshGrads);
   }
 
@@ -214,7 +226,7 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   std::vector<int64_t> moving_offsets;  // in `flat`
   for (Py_ssize_t i = 0; i < count; ++i) {
     if (!(reuse && in_place[i])) {
-      moving.push_back(grads[i]);
+      moving.push_back(*grads[i]);
       moving_offsets.push_back(offsets[i]);
     }
   }

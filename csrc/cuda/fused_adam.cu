@@ -105,30 +105,11 @@ cudaError_t launch_typed(const AdamTensorLists& l, const AdamHyper& hyper, AdamM
 
 cudaError_t launch_fused_adam(const AdamTensorLists& l, const AdamHyper& hyper, AdamMode mode,
                               const float* grad_scale, const float* found_inf, cudaStream_t stream) {
-  if (l.moment_kind == FloatKind::kFloat16) return cudaErrorInvalidValue;  // fp16 moments underflow
-  const cudaError_t error = with_type(l.param_kind, [&](auto p_tag) {
-    return with_type(l.grad_kind, [&](auto g_tag) {
-      using P = typename decltype(p_tag)::type;
-      using G = typename decltype(g_tag)::type;
-      const auto with_moments = [&](auto m_tag) {
-        using M = typename decltype(m_tag)::type;
-        if (l.model_copies == nullptr) return launch_typed<P, G, M, NoCopy>(l, hyper, mode, grad_scale, found_inf, stream);
-        if constexpr (std::is_same<P, float>::value) {
-          return with_type(l.copy_kind, [&](auto c_tag) {
-            using C = typename decltype(c_tag)::type;
-            if constexpr (std::is_same<C, float>::value) {
-              return cudaErrorInvalidValue;  // a float32 copy of float32 params is pointless
-            } else {
-              return launch_typed<P, G, M, C>(l, hyper, mode, grad_scale, found_inf, stream);
-            }
-          });
-        } else {
-          return cudaErrorInvalidValue;  // half copies are only written from float32 masters
-        }
-      };
-      return l.moment_kind == FloatKind::kBFloat16 ? with_moments(Tag<__nv_bfloat16>{}) : with_moments(Tag<float>{});
-    });
-  });
+  const cudaError_t error = with_adam_types(
+      l.param_kind, l.grad_kind, l.moment_kind, l.model_copies != nullptr, l.copy_kind, [&](auto p, auto g, auto m, auto c) {
+        return launch_typed<typename decltype(p)::type, typename decltype(g)::type, typename decltype(m)::type,
+                            typename decltype(c)::type>(l, hyper, mode, grad_scale, found_inf, stream);
+      });
   if (error != cudaSuccess) return error;
   return advance_steps(l.steps, l.count, found_inf, stream);
 }

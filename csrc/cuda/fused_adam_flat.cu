@@ -132,29 +132,11 @@ cudaError_t launch_fused_adam_flat(const AdamFlatBuffers& b, const AdamHyper& hy
                                    const float* grad_scale, const float* found_inf, cudaStream_t stream) {
   if (b.moment_kind == FloatKind::kFloat16 || b.step_count < 1) return cudaErrorInvalidValue;
   if (b.numel > 0) {
-    const cudaError_t error = with_type(b.param_kind, [&](auto p_tag) {
-      return with_type(b.grad_kind, [&](auto g_tag) {
-        using P = typename decltype(p_tag)::type;
-        using G = typename decltype(g_tag)::type;
-        const auto with_moments = [&](auto m_tag) {
-          using M = typename decltype(m_tag)::type;
-          if (b.model_copy == nullptr) return launch_typed<P, G, M, NoCopy>(b, hyper, mode, grad_scale, found_inf, stream);
-          if constexpr (std::is_same<P, float>::value) {
-            return with_type(b.copy_kind, [&](auto c_tag) {
-              using C = typename decltype(c_tag)::type;
-              if constexpr (std::is_same<C, float>::value) {
-                return cudaErrorInvalidValue;  // a float32 copy of float32 params is pointless
-              } else {
-                return launch_typed<P, G, M, C>(b, hyper, mode, grad_scale, found_inf, stream);
-              }
-            });
-          } else {
-            return cudaErrorInvalidValue;  // half copies are only written from float32 masters
-          }
-        };
-        return b.moment_kind == FloatKind::kBFloat16 ? with_moments(Tag<__nv_bfloat16>{}) : with_moments(Tag<float>{});
-      });
-    });
+    const cudaError_t error = with_adam_types(
+        b.param_kind, b.grad_kind, b.moment_kind, b.model_copy != nullptr, b.copy_kind, [&](auto p, auto g, auto m, auto c) {
+          return launch_typed<typename decltype(p)::type, typename decltype(g)::type, typename decltype(m)::type,
+                              typename decltype(c)::type>(b, hyper, mode, grad_scale, found_inf, stream);
+        });
     if (error != cudaSuccess) return error;
   }
   const int blocks = static_cast<int>((b.step_count + kStepBlockSize - 1) / kStepBlockSize);

@@ -2,9 +2,32 @@
 the attributes apex's optimizers created for their kernels (subclasses written against apex read them)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
+
+
+def clear_grads(params: Iterable[torch.Tensor], set_to_none: bool, foreach: bool) -> None:
+    """torch.optim.Optimizer.zero_grad's rule for ``params``: drop each grad, or detach it and zero it in place
+    (one foreach call per device and dtype when ``foreach``)."""
+    batches: dict = {}
+    for param in params:
+        grad = param.grad
+        if grad is None:
+            continue
+        if set_to_none:
+            param.grad = None
+            continue
+        if grad.grad_fn is not None:
+            grad.detach_()
+        else:
+            grad.requires_grad_(False)
+        if foreach and not grad.is_sparse:
+            batches.setdefault((grad.device, grad.dtype), []).append(grad)
+        else:
+            grad.zero_()
+    for grads in batches.values():
+        torch._foreach_zero_(grads)
 
 
 class ApexStyleOptimizer(torch.optim.Optimizer):

@@ -37,7 +37,8 @@ import torch
 
 from apexlite._logging import get_logger
 from apexlite.optimizers import _adam_state as adam_state
-from apexlite.optimizers._flat_grads import GROUP_CHANGED, MAX_FRESH_AVERAGE_CPU, READY, REASONS, REBUILD, flat_grads
+from apexlite.optimizers._flat_grads import (GROUP_CHANGED, MAX_FRESH_AVERAGE_CPU, NOT_IN_BUFFER, PARAMS_CHANGED, READY,
+                                             REASONS, REBUILD, flat_grads, flat_zero_grads)
 from apexlite.optimizers._flat_memory import OwnedBuffers, alias, flattenable, move_into, new_buffer, repoint, start_of
 from apexlite.optimizers._watched_state import Watch, WatchedState, WatchedStateMap
 
@@ -140,6 +141,23 @@ class FlatBuffers:
             self._rebuild_later(group, layout, 0)
             rest.extend(joining)
         return calls, rest
+
+    def clear_grads(self, group: Dict[str, Any], set_to_none: bool) -> List[torch.Tensor]:
+        """zero_grad for the params of ``group`` in flat buffers (one pass per set, and one fill when the grads
+        are kept); returns the params left to clear one by one. No Python work per flattened param."""
+        entry = self._layouts.get(id(group))
+        if entry is None or entry[0] is not group or not entry[1].sets:
+            return list(group["params"])
+        layout = entry[1]
+        rest = layout.outsiders + layout.waiting
+        for flat_set in layout.sets:
+            answer = flat_zero_grads(group["params"], layout.known, flat_set.members, flat_set.offsets,
+                                     flat_set.grad_like, flat_set.weights.numel(), flat_set.grad_start, set_to_none)
+            if answer == PARAMS_CHANGED:
+                return list(group["params"])
+            if answer == NOT_IN_BUFFER:
+                rest.extend(flat_set.members)
+        return rest
 
     def _rebuild_later(self, group: Dict[str, Any], layout: GroupLayout, reason: int) -> None:
         if layout.stale:

@@ -31,7 +31,7 @@ compiled library is loaded, else :func:`python_flat_grads`, the same logic at Py
 from __future__ import annotations
 
 import functools
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -142,10 +142,43 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
     return READY, 0, flat
 
 
+ZEROED, NOT_IN_BUFFER, PARAMS_CHANGED = 0, 1, 2  # flat_zero_grads' answers
+
+
+def python_flat_zero_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
+                           members: Tuple[torch.Tensor, ...], offsets: torch.Tensor, grad_like: torch.Tensor,
+                           total: int, shift: int, set_to_none: bool) -> int:
+    """apexlite._C.flat_zero_grads in Python: zero_grad for one set (see :func:`flat_zero_grads`)."""
+    if len(group_params) != len(known) or any(a is not b for a, b in zip(group_params, known)):
+        return PARAMS_CHANGED
+    if set_to_none:
+        for param in members:
+            param.grad = None
+        return ZEROED
+    buffer: Optional[torch.UntypedStorage] = None
+    for param, start in zip(members, (shift + offset for offset in offsets.tolist())):
+        grad = param.grad
+        if grad is None or grad.dtype != grad_like.dtype or grad.layout != torch.strided or \
+                grad.device != param.device or grad.requires_grad or grad.storage_offset() != start or \
+                not _same_layout(grad, param):
+            return NOT_IN_BUFFER
+        storage = grad.untyped_storage()
+        if buffer is None and storage.nbytes() == (shift + total) * grad.element_size():
+            buffer = storage
+        if buffer is None or storage._cdata != buffer._cdata:
+            return NOT_IN_BUFFER
+    if buffer is None:
+        return ZEROED
+    torch.empty(0, dtype=grad_like.dtype, device=grad_like.device).set_(buffer, shift, (total,), (1,)).zero_()
+    bump_versions([param.grad for param in members])
+    return ZEROED
+
+
 @functools.lru_cache(maxsize=None)
-def _native() -> Optional[Callable[..., Verdict]]:
+def _native(name: str) -> Optional[Callable[..., Any]]:
+    """apexlite._C's function ``name``, or None when the compiled library is not loaded."""
     module = _ext.native_module()
-    return getattr(module, "flat_grads", None) if module is not None else None
+    return getattr(module, name, None) if module is not None else None
 
 
 def flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
@@ -155,6 +188,19 @@ def flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, 
     """(status, reason, flat grad): READY with the set's grads as one flat tensor (fresh ones moved
     into it, member versions bumped), or LIST_PATH / REBUILD with an index into REASONS and nothing
     changed but, maybe, version counters (a bump too many is harmless; the per-tensor path bumps them)."""
-    native = _native()
+    native = _native("flat_grads")
     run = native if native is not None else python_flat_grads
     return run(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, max_fresh_average)
+
+
+def flat_zero_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
+                    members: Tuple[torch.Tensor, ...], offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
+                    shift: int, set_to_none: bool) -> int:
+    """zero_grad for one flat set, with no Python per member when the library is loaded: ZEROED (each
+    grad dropped as ``p.grad = None`` does, or, kept, the grad buffer zeroed in one fill and each grad's
+    version advanced as ``grad.zero_()`` would; the params' versions are left alone, so a zero_grad between
+    forward and backward stays legal), NOT_IN_BUFFER (some grad is missing or lives elsewhere: clear
+    them one by one) or PARAMS_CHANGED (the group's params list is not the one the set was built from)."""
+    native = _native("flat_zero_grads")
+    run = native if native is not None else python_flat_zero_grads
+    return run(group_params, known, members, offsets, grad_like, total, shift, set_to_none)

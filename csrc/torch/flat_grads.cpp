@@ -134,6 +134,19 @@ void copy_into(const at::Tensor& flat, const std::vector<at::Tensor>& grads, con
   at::_foreach_copy_(targets, sources);
 }
 
+// 1 when the group's params list holds exactly the params of `known` (a tuple), in order; 0 when
+// not; -1 with a Python error when it is no sequence.
+int same_group(PyObject* group_params, PyObject* known) {
+  PyObject* fast = PySequence_Fast(group_params, "a param group's params must be a sequence");
+  if (fast == nullptr) return -1;
+  bool same = PySequence_Fast_GET_SIZE(fast) == PyTuple_GET_SIZE(known);
+  for (Py_ssize_t i = 0; same && i < PyTuple_GET_SIZE(known); ++i) {
+    same = PySequence_Fast_GET_ITEM(fast, i) == PyTuple_GET_ITEM(known, i);
+  }
+  Py_DECREF(fast);
+  return same ? 1 : 0;
+}
+
 PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   HANDLE_TH_ERRORS
   PyObject *group_params, *known, *members, *masters, *param_ptrs_obj, *offsets_obj, *grad_like_obj;
@@ -159,14 +172,9 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   const int64_t* offsets = offset_tensor.data_ptr<int64_t>();
   const auto verdict = [](int reason) { return Py_BuildValue("iiO", status_of(reason), reason, Py_None); };
 
-  PyObject* fast = PySequence_Fast(group_params, "a param group's params must be a sequence");
-  if (fast == nullptr) return nullptr;
-  bool same_group = PySequence_Fast_GET_SIZE(fast) == PyTuple_GET_SIZE(known);
-  for (Py_ssize_t i = 0; same_group && i < PyTuple_GET_SIZE(known); ++i) {
-    same_group = PySequence_Fast_GET_ITEM(fast, i) == PyTuple_GET_ITEM(known, i);
-  }
-  Py_DECREF(fast);
-  if (!same_group) return verdict(kGroupChanged);
+  const int same = same_group(group_params, known);
+  if (same < 0) return nullptr;
+  if (!same) return verdict(kGroupChanged);
 
   // Reasons that rebuild the layout return at once; the others are noted and the scan goes on, so
   // that a missing grad further on is never hidden behind them (its counter would fall behind).
@@ -240,11 +248,66 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   END_HANDLE_TH_ERRORS
 }
 
+// zero_grad for one flat buffer set: 0 when done, 1 when its grads are not all in the buffer (the
+// caller clears them one by one), 2 when the group's params list changed. set_to_none drops each
+// member's grad as `p.grad = None` does. Otherwise, when every member's grad is a plain tensor laid
+// out in the set's grad buffer, the buffer is zeroed in one fill and each grad's version advances, as
+// `grad.zero_()` on each would do; the params are not touched (zero_grad between forward and backward
+// must leave their versions alone).
+PyObject* flat_zero_grads(PyObject* /*module*/, PyObject* args) {
+  HANDLE_TH_ERRORS
+  PyObject *group_params, *known, *members, *offsets_obj, *grad_like_obj;
+  long long total, shift;
+  int set_to_none;
+  if (!PyArg_ParseTuple(args, "OO!O!OOLLp", &group_params, &PyTuple_Type, &known, &PyTuple_Type, &members,
+                        &offsets_obj, &grad_like_obj, &total, &shift, &set_to_none)) {
+    return nullptr;
+  }
+  const int same = same_group(group_params, known);
+  if (same < 0) return nullptr;
+  if (!same) return PyLong_FromLong(2);
+  const Py_ssize_t count = PyTuple_GET_SIZE(members);
+  if (set_to_none) {
+    for (Py_ssize_t i = 0; i < count; ++i) THPVariable_Unpack(PyTuple_GET_ITEM(members, i)).mutable_grad().reset();
+    return PyLong_FromLong(0);
+  }
+  const at::Tensor& offset_tensor = THPVariable_Unpack(offsets_obj);
+  const at::Tensor& grad_like = THPVariable_Unpack(grad_like_obj);
+  TORCH_CHECK(offset_tensor.numel() == count && offset_tensor.is_contiguous() && offset_tensor.scalar_type() == at::kLong,
+              "apexlite._C.flat_zero_grads: offsets must be a contiguous int64 tensor of one entry per member");
+  const int64_t* offsets = offset_tensor.data_ptr<int64_t>();
+  c10::Storage buffer;
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    const at::Tensor& param = THPVariable_Unpack(PyTuple_GET_ITEM(members, i));
+    const at::Tensor& grad = grad_of(param);
+    if (!grad.defined() || grad.scalar_type() != grad_like.scalar_type() || grad.layout() != at::kStrided ||
+        grad.device() != param.device() || grad.requires_grad() || grad.storage_offset() != shift + offsets[i] ||
+        !same_layout(grad, param)) {
+      return PyLong_FromLong(1);
+    }
+    const c10::Storage& storage = grad.storage();
+    if (i == 0 && static_cast<int64_t>(storage.nbytes()) == (shift + total) * grad_like.element_size()) buffer = storage;
+    if (!buffer || storage.unsafeGetStorageImpl() != buffer.unsafeGetStorageImpl()) return PyLong_FromLong(1);
+  }
+  if (count == 0) return PyLong_FromLong(0);
+  at::Tensor flat = at::empty({0}, grad_like.options());
+  flat.set_(buffer, shift, {total}, {1});
+  flat.zero_();
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    grad_of(THPVariable_Unpack(PyTuple_GET_ITEM(members, i))).unsafeGetTensorImpl()->bump_version();
+  }
+  return PyLong_FromLong(0);
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef kFunctions[] = {
     {"flat_grads", flat_grads, METH_VARARGS,
      "flat_grads(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, "
      "max_fresh_average) -> "
      "(status, reason, flat_grad or None): see apexlite/optimizers/_flat_grads.py"},
+    {"flat_zero_grads", flat_zero_grads, METH_VARARGS,
+     "flat_zero_grads(group_params, known, members, offsets, grad_like, total, shift, set_to_none) -> "
+     "0 (done), 1 (grads not all in the buffer) or 2 (params list changed): see apexlite/optimizers/_flat_grads.py"},
     {nullptr, nullptr, 0, nullptr},
 };
 

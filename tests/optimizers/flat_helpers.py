@@ -25,12 +25,12 @@ COMBOS = [
 
 @pytest.fixture(params=["native", "python"])
 def grad_pass(request, monkeypatch):
-    """The per-step grad pass: apexlite._C.flat_grads, or its Python twin."""
+    """The grad passes (each step's, zero_grad's): apexlite._C.flat_grads and flat_zero_grads, or their Python twins."""
     if request.param == "native":
-        if _flat_grads._native() is None:
+        if _flat_grads._native("flat_grads") is None:
             pytest.skip("apexlite's compiled library is not loaded")
     else:
-        monkeypatch.setattr(_flat_grads, "_native", lambda: None)
+        monkeypatch.setattr(_flat_grads, "_native", lambda name: None)
     return request.param
 
 

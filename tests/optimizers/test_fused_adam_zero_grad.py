@@ -17,22 +17,24 @@ from tests.optimizers.flat_helpers import HYPER, grad_pass  # noqa: F401 (grad_p
 SET_TO_NONE = [True, False]
 
 
-def _model(seed=0):
+def _model(seed=0, device="cpu"):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3))
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.LayerNorm(8),
+                               torch.nn.Linear(8, 3)).to(device)
 
 
 def _backward(model, seed):
     gen = torch.Generator().manual_seed(seed)
     x, y = torch.randn(5, 6, generator=gen), torch.randn(5, 3, generator=gen)
-    torch.nn.functional.mse_loss(model(x), y).backward()
+    device = next(model.parameters()).device
+    torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
 
 
-def _pair(**kw):
+def _pair(device="cpu", **kw):
     """(model, FusedAdam) and (model, torch AdamW), the same weights, each stepped once (buffers built)."""
     runs = []
     for make in (lambda p: FusedAdam(p, **HYPER, **kw), lambda p: torch.optim.AdamW(p, **HYPER)):
-        model = _model()
+        model = _model(device=device)
         opt = make(model.parameters())
         _backward(model, 0)
         opt.step()
@@ -127,20 +129,36 @@ def test_a_param_taken_out_of_the_group_keeps_its_grad(grad_pass, set_to_none):
     assert next(model.parameters()).grad is not None and next(model.parameters()).grad.any()
 
 
-@pytest.mark.parametrize("set_to_none", SET_TO_NONE)
-def test_zero_grad_between_forward_and_backward_then_training_matches_torch(grad_pass, set_to_none):
-    """The params' versions are left alone: a backward after zero_grad still runs (torch's common order)."""
-    (model, opt), (ref_model, ref_opt) = _pair()
+def _train_like_torch(set_to_none, device="cpu"):
+    (model, opt), (ref_model, ref_opt) = _pair(device)
     for step in range(1, 4):
         for m, o in ((model, opt), (ref_model, ref_opt)):
             gen = torch.Generator().manual_seed(step)
-            loss = torch.nn.functional.mse_loss(m(torch.randn(5, 6, generator=gen)), torch.randn(5, 3, generator=gen))
+            x, y = torch.randn(5, 6, generator=gen).to(device), torch.randn(5, 3, generator=gen).to(device)
+            loss = torch.nn.functional.mse_loss(m(x), y)
             o.zero_grad(set_to_none=set_to_none)
             loss.backward()
             _backward(m, 10 + step)  # a second backward accumulates into the kept (or fresh) grads
             o.step()
     for p, r in zip(model.parameters(), ref_model.parameters()):
         torch.testing.assert_close(p.detach(), r.detach(), rtol=1e-5, atol=1e-6)
+    opt.zero_grad(set_to_none=set_to_none)
+    ref_opt.zero_grad(set_to_none=set_to_none)
+    _same_grads(_grads(model), _grads(ref_model))
+
+
+@pytest.mark.parametrize("set_to_none", SET_TO_NONE)
+def test_zero_grad_between_forward_and_backward_then_training_matches_torch(grad_pass, set_to_none):
+    """The params' versions are left alone: a backward after zero_grad still runs (torch's common order)."""
+    _train_like_torch(set_to_none)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("set_to_none", SET_TO_NONE)
+def test_on_cuda_zero_grad_and_training_match_torch(grad_pass, set_to_none):
+    """The same on a GPU: the kept grads are zeroed by one fill on the device."""
+    _train_like_torch(set_to_none, "cuda")
 
 
 def test_without_flat_buffers_zero_grad_is_torchs_loop(monkeypatch):

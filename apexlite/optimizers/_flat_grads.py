@@ -1,4 +1,4 @@
-"""How a FusedAdam flat buffer set gets its gradients each step: NOTE [flat grads].
+"""How a FusedAdam flat buffer set gets its gradients each step, and how zero_grad clears them: NOTE [flat grads].
 
 NOTE [flat grads]
 - autograd adds into a param's existing ``.grad`` in place, and writes a fresh tensor when ``.grad``
@@ -25,8 +25,12 @@ NOTE [flat grads]
   missing grad, a grad of another dtype, a replaced param or a changed param list also ask for the
   layout to be rebuilt (the step counters of the set may now differ; the buffers follow the params).
 
-The pass is ``apexlite._C.flat_grads`` (csrc/torch/flat_grads.cpp: no Python per param) when the
-compiled library is loaded, else :func:`python_flat_grads`, the same logic at Python speed.
+- zero_grad (:func:`flat_zero_grads`) clears a set in one pass too: set_to_none drops each member's
+  grad; kept grads that all lie in the set's grad buffer are zeroed by one fill, each grad's version
+  advanced; anything else is left to torch's per-param rule.
+
+The passes are ``apexlite._C.flat_grads`` and ``flat_zero_grads`` (csrc/torch/flat_grads.cpp: no Python
+per param) when the compiled library is loaded, else their Python twins, the same logic at Python speed.
 """
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import setuptools
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
@@ -43,6 +44,8 @@ def _load_native():
 
 
 plan, build_time, build_progress = _load_native()
+if plan.setuptools_obstacle(setuptools.__version__):
+    sys.exit(f"apexlite: {plan.setuptools_obstacle(setuptools.__version__)}")
 
 
 def say(message):

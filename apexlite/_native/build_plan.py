@@ -76,6 +76,22 @@ def source_digest(csrc: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+MIN_SETUPTOOLS = 77  # pyproject.toml's license is an SPDX string (PEP 639), which older setuptools refuse
+
+
+def setuptools_obstacle(version: str) -> Optional[str]:
+    """Why this setuptools cannot build apexlite (a --no-build-isolation install uses the environment's own),
+    or None. pip's isolated builds fetch a new enough one from pyproject's build requirements."""
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        return None
+    if major >= MIN_SETUPTOOLS:
+        return None
+    return (f"building apexlite needs setuptools >= {MIN_SETUPTOOLS} (pyproject.toml's license is an SPDX string), "
+            f"this environment has {version}: `pip install -U setuptools`, or install without --no-build-isolation")
+
+
 def parallel_jobs(environ: Mapping[str, str] = os.environ) -> int:
     """Compile jobs: MAX_JOBS when set, else the cores this process may use (ninja's default, cores + 2,
     only adds memory and contention: each job needs about 1 GiB for torch's headers)."""

@@ -140,3 +140,18 @@ def test_cuda_home_is_the_toolkit_behind_a_wrapper_nvcc(tmp_path, monkeypatch):
     assert plan.find_cuda_home({"PATH": str(link)}) == str(toolkit)  # a link is followed to its toolkit
     assert plan.find_cuda_home({"PATH": str(link), "CUDA_HOME": "/mine"}) == "/mine"  # the user's word wins
     assert plan.cuda_include_dirs(str(toolkit))[0] == str(toolkit / "include")
+
+
+@pytest.mark.parametrize("version,refused", [("76.1.0", True), ("61.0", True), ("77.0.3", False), ("84.2.1", False),
+                                             ("80.0.0.post1", False), ("dev", False)])
+def test_setuptools_too_old_for_the_spdx_license_is_named(version, refused):
+    said = plan.setuptools_obstacle(version)
+    assert (said is not None) == refused
+    if refused:
+        assert "needs setuptools >= 77" in said and version in said and "pip install -U setuptools" in said
+
+
+def test_pyproject_declares_what_the_check_requires():
+    """pip's isolated builds fetch pyproject's build requirement: it must be the same floor."""
+    text = (CSRC.parent / "pyproject.toml").read_text()
+    assert f'"setuptools>={plan.MIN_SETUPTOOLS}"' in text and 'license = "BSD-3-Clause"' in text

@@ -149,10 +149,16 @@ def paired_ratio(ours: List[float], theirs: List[float]) -> Optional[Dict[str, f
     return summarise([a / b for a, b in zip(ours, theirs)])
 
 
-def run(device: str, total: int, budget_s: float) -> Dict[str, Any]:
+def tensor_rows(device: str, total: int) -> List[Tuple[str, List[int]]]:
+    """(label, sizes) per row: ``total`` params split into COUNTS tensors, and on CPU the host-cost row."""
     rows = [(f"{count:,} x {total // count:,}", [total // count] * count) for count in COUNTS]
     if device == "cpu":
         rows.append((f"{HOST_CASE[0]:,} x {HOST_CASE[1]}", [HOST_CASE[1]] * HOST_CASE[0]))
+    return rows
+
+
+def run(device: str, total: int, budget_s: float) -> Dict[str, Any]:
+    rows = tensor_rows(device, total)
     results = []
     for label, sizes in rows:
         cases = build_cases(sizes, device)
@@ -201,19 +207,32 @@ def render(report: Dict[str, Any], clock: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_arguments(description: str, out: str, budget_s: float, argv: Optional[List[str]]) -> argparse.Namespace:
+    """The options this benchmark and bench_zero_grad share; sets the thread count it asks for."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default="bench_results/adam_tensor_counts", help="folder for results.md/.json")
-    parser.add_argument("--budget-s", type=float, default=90.0, help="timing budget for all rows together")
+    parser.add_argument("--out", default=out, help="folder for results.md/.json")
+    parser.add_argument("--budget-s", type=float, default=budget_s, help="timing budget for all rows together")
     parser.add_argument("--total", type=int, default=None, help="fp32 params per case (default: 100M CUDA, 4M CPU)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("bench_adam_tensor_counts: torch sees no CUDA device; run with --device cpu")
-        return 1
+        parser.error("torch sees no CUDA device; run with --device cpu")
+    return args
+
+
+def write_results(folder: str, report: Dict[str, Any], text: str) -> None:
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(report, indent=1))
+    (out / "results.md").write_text(text + "\n")
+    print(text)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_arguments(__doc__.splitlines()[0], "bench_results/adam_tensor_counts", 90.0, argv)
     torch.manual_seed(0)
     env = environment(args.device)
     report = run(args.device, args.total or DEFAULT_TOTAL[args.device], args.budget_s)
@@ -224,11 +243,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         f"{env['threads']} threads, FusedAdam path: {env['fused_adam_path']}, load average "
                         f"{env['load_average'][0]:.2f} -> {report['environment']['load_average_end'][0]:.2f}"]
                        + [render(report, clock) for clock in clocks])
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(report, indent=1))
-    (out / "results.md").write_text(text + "\n")
-    print(text)
+    write_results(args.out, report, text)
     return 0
 
 

@@ -12,16 +12,14 @@ Writes ``results.md`` and ``results.json`` into ``--out``.
 """
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
 from apexlite.optimizers import FusedAdam
-from bench.bench_adam_tensor_counts import (COUNTS, DEFAULT_TOTAL, HOST_CASE, HYPER, Case, _cell, _params,
-                                            environment, measure, paired_ratio, summarise)
+from bench.bench_adam_tensor_counts import (DEFAULT_TOTAL, HYPER, Case, _cell, _params, tensor_rows,
+                                            environment, measure, paired_ratio, parse_arguments, summarise,
+                                            write_results)
 
 CASES = ("FusedAdam set_to_none", "torch fused set_to_none", "FusedAdam kept", "torch fused kept")
 
@@ -49,9 +47,7 @@ def build_cases(sizes: List[int], device: str) -> Dict[str, Case]:
 
 
 def run(device: str, total: int, budget_s: float) -> Dict[str, Any]:
-    rows = [(f"{count:,} x {total // count:,}", [total // count] * count) for count in COUNTS]
-    if device == "cpu":
-        rows.append((f"{HOST_CASE[0]:,} x {HOST_CASE[1]}", [HOST_CASE[1]] * HOST_CASE[0]))
+    rows = tensor_rows(device, total)
     results = []
     for label, sizes in rows:
         samples = measure(build_cases(sizes, device), device, budget_s / len(rows))
@@ -78,25 +74,12 @@ def render(report: Dict[str, Any]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", default="bench_results/zero_grad", help="folder for results.md/.json")
-    parser.add_argument("--budget-s", type=float, default=60.0, help="timing budget for all rows together")
-    parser.add_argument("--total", type=int, default=None, help="fp32 params per case (default: 100M CUDA, 4M CPU)")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse_arguments(__doc__.splitlines()[0], "bench_results/zero_grad", 60.0, argv)
     report = {"environment": environment(args.device),
               **run(args.device, args.total or DEFAULT_TOTAL[args.device], args.budget_s)}
     env = report["environment"]
-    text = (f"{env['date']}, torch {env['torch']}, {env.get('gpu', env['machine'])}, {env['threads']} threads, "
-            f"load average {env['load_average'][0]:.2f}\n\n{render(report)}\n")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.md").write_text(text)
-    (out / "results.json").write_text(json.dumps(report, indent=1))
-    print(text)
+    write_results(args.out, report, f"{env['date']}, torch {env['torch']}, {env.get('gpu', env['machine'])}, "
+                                    f"{env['threads']} threads, load average {env['load_average'][0]:.2f}\n\n{render(report)}")
     return 0
 
 

@@ -59,7 +59,7 @@ private_dir "$VENV" || exit 1
 
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -W ignore -c "import torch" 2>/dev/null; then
     echo "check_cuda_build: creating $VENV with $CUDA_TORCH (from the local wheel store, several minutes once)"
-    if ! { python3 -m venv "$VENV" && "$VENV/bin/pip" install --quiet "$CUDA_TORCH" setuptools wheel ninja wrapt; }; then
+    if ! { python3 -m venv "$VENV" && "$VENV/bin/pip" install --quiet "$CUDA_TORCH" "setuptools>=77" wheel ninja wrapt; }; then
         echo "check_cuda_build: $CUDA_TORCH is not installable here; skipping the full extension build."
         exit 0
     fi
@@ -68,7 +68,7 @@ if [ "$("$VENV/bin/python" -W ignore -c 'import torch; print(torch.version.cuda 
     echo "check_cuda_build: torch in $VENV has no CUDA; skipping the full extension build."
     exit 0
 fi
-"$VENV/bin/pip" install --quiet setuptools wheel ninja wrapt
+"$VENV/bin/pip" install --quiet "setuptools>=77" wheel ninja wrapt
 
 echo "check_cuda_build: building apexlite._C with CUDA against $("$VENV/bin/python" -W ignore -c 'import torch; print(torch.__version__)')"
 start=$(date +%s)

@@ -41,7 +41,7 @@ from typing import Dict, List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "compat_runs"
 DOC = ROOT / "docs" / "compatibility.md"
-TEST_REQUIREMENTS = ["wrapt>=1.14", "pytest>=7", "hypothesis==6.170.15", "libcst==1.9.0", "setuptools", "wheel"]
+TEST_REQUIREMENTS = ["wrapt>=1.14", "pytest>=7", "hypothesis==6.170.15", "libcst==1.9.0", "setuptools>=77", "wheel"]
 EXAMPLE = ["-m", "apexlite", "run", "examples/imagenet_amp.py", "--epochs", "1", "--steps-per-epoch", "5"]
 EXAMPLE_CASES = [(level, dtype) for level in ("O1", "O2") for dtype in ("float16", "bfloat16")]
 FIRST_USE = (

@@ -44,8 +44,9 @@ def _load_native():
 
 
 plan, build_time, build_progress = _load_native()
-if plan.setuptools_obstacle(setuptools.__version__):
-    sys.exit(f"apexlite: {plan.setuptools_obstacle(setuptools.__version__)}")
+_SETUPTOOLS_OBSTACLE = plan.setuptools_obstacle(setuptools.__version__)
+if _SETUPTOOLS_OBSTACLE:
+    sys.exit(f"apexlite: {_SETUPTOOLS_OBSTACLE}")
 
 
 def say(message):

@@ -146,7 +146,7 @@ class FlatBuffers:
         """zero_grad for the params of ``group`` in flat buffers (one pass per set, and one fill when the grads
         are kept); returns the params left to clear one by one. No Python work per flattened param."""
         entry = self._layouts.get(id(group))
-        if entry is None or entry[0] is not group or not entry[1].sets:
+        if not self.enabled or entry is None or entry[0] is not group or not entry[1].sets:
             return list(group["params"])
         layout = entry[1]
         rest = layout.outsiders + layout.waiting

@@ -213,8 +213,7 @@ class FusedAdam(ApexStyleOptimizer):
         foreach = bool(self.defaults.get("foreach", False) or self.defaults.get("fused", False))
         with torch.autograd.profiler.record_function(f"Optimizer.zero_grad#{type(self).__name__}.zero_grad"):
             for group in self.param_groups:
-                clear_grads(self._flat.clear_grads(group, set_to_none) if self._flat.enabled else group["params"],
-                            set_to_none, foreach)
+                clear_grads(self._flat.clear_grads(group, set_to_none), set_to_none, foreach)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None, **legacy: Any) -> Any:

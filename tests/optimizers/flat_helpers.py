@@ -8,7 +8,7 @@ import torch
 from apexlite._native import loader as _ext
 from apexlite.optimizers import FusedAdam, _flat_grads
 from apexlite.optimizers import fused_adam as fused_adam_module
-from tests.optimizers.adam_helpers import IMPLEMENTATIONS
+from tests.optimizers.adam_helpers import IMPLEMENTATIONS, set_grads
 
 IMPLS = [impl for impl in IMPLEMENTATIONS if impl != "reference"]  # flat buffers need a fused path
 SHAPES = [(6, 5), (5,), (2, 3, 4, 5), (1,), (7, 3)]
@@ -55,13 +55,7 @@ def grads_for(params, dtype, seed):
     return [torch.randn(p.shape, generator=gen).to(dtype) for p in params]
 
 
-def assign(params, grads):
-    for p, g in zip(params, grads):
-        if g.dtype != p.dtype:
-            if not hasattr(torch.Tensor, "grad_dtype"):
-                pytest.skip("this torch cannot attach a gradient of another dtype (no Tensor.grad_dtype)")
-            p.grad_dtype = g.dtype
-        p.grad = g.clone()
+assign = set_grads  # (params, grads): each grad cloned onto its param, of another dtype where torch allows
 
 
 def assert_same(run, reference, exact=True):

@@ -170,3 +170,37 @@ def test_without_flat_buffers_zero_grad_is_torchs_loop(monkeypatch):
     monkeypatch.setattr(_flat_buffers, "flat_zero_grads", lambda *a: called.append(a) or 0)
     opt.zero_grad(set_to_none=False)
     assert called == [] and all(p.grad is not None and not p.grad.any() for p in model.parameters())
+
+
+class _OddLayouts(torch.nn.Module):
+    """A channels_last conv weight and a transposed (dense, non-contiguous) weight: flat buffers keep
+    each param's strides, so the grads the fill zeroes are laid out like them."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+        self.proj = torch.nn.Parameter(torch.randn(5, 4).t())
+
+    def forward(self, x):
+        return self.conv(x.to(memory_format=torch.channels_last)).mean((2, 3)) @ self.proj
+
+
+@pytest.mark.parametrize("set_to_none", SET_TO_NONE)
+def test_params_of_other_layouts_are_cleared_and_trained_as_torch_does(grad_pass, set_to_none):
+    runs = []
+    for make in (lambda p: FusedAdam(p, **HYPER), lambda p: torch.optim.AdamW(p, **HYPER)):
+        model = _OddLayouts()
+        assert not model.proj.is_contiguous() and model.conv.weight.is_contiguous(memory_format=torch.channels_last)
+        opt = make(model.parameters())
+        for step in range(3):
+            gen = torch.Generator().manual_seed(step)
+            opt.zero_grad(set_to_none=set_to_none)
+            model(torch.randn(2, 3, 6, 6, generator=gen)).square().mean().backward()
+            opt.step()
+        opt.zero_grad(set_to_none=set_to_none)
+        runs.append(model)
+    _same_grads(_grads(runs[0]), _grads(runs[1]))
+    for p, r in zip(runs[0].parameters(), runs[1].parameters()):
+        assert p.stride() == r.stride()
+        torch.testing.assert_close(p.detach(), r.detach(), rtol=1e-5, atol=1e-6)

@@ -180,9 +180,7 @@ class FlatBuffers:
         options = (optimizer.master_weights, optimizer.exp_avg_dtype)
         entry = self._layouts.get(id(group))
         layout = entry[1] if entry is not None and entry[0] is group else None
-        if (layout is None or layout.stale or layout.options != options
-                or any(flat_set.watch.dirty for flat_set in layout.sets)
-                or (not layout.sets and any(p.grad is not None for p in layout.waiting))):  # (a first step)
+        if layout is None or layout.stale or layout.options != options or _outdated(layout):
             if layout is not None:
                 for member in (m for flat_set in layout.sets for m in flat_set.members):
                     self._watches.pop(member, None)
@@ -264,6 +262,14 @@ class FlatBuffers:
             offsets=torch.tensor(offsets, dtype=torch.int64),
             grad_like=torch.empty(0, dtype=grad_dtype, device=device), grad_start=start_of("grad", grad_dtype),
             watch=watch)
+
+
+def _outdated(layout: GroupLayout) -> bool:
+    """Whether a member's state was replaced, or (before any set exists: a first step) a waiting param has a grad."""
+    for flat_set in layout.sets:
+        if flat_set.watch.dirty:
+            return True
+    return not layout.sets and any(p.grad is not None for p in layout.waiting)
 
 
 def _chunks(params: List[torch.Tensor]) -> List[List[torch.Tensor]]:

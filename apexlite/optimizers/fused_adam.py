@@ -218,7 +218,8 @@ class FusedAdam(ApexStyleOptimizer):
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None, **legacy: Any) -> Any:
         """Performs one optimisation step; returns the closure's loss when a closure is given."""
-        self._reject_legacy_arguments(legacy)
+        if legacy:
+            self._reject_legacy_arguments(legacy)
         loss = self._closure_loss(closure)
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)

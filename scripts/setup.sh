@@ -4,7 +4,7 @@
 #         this machine keeps on local disk, users may use any torch >= 2.5, docs/compatibility.md; wrapt,
 #         ninja, numpy, libcst), then apexlite itself, editable, with its kernels compiled against that
 #         torch (the estimate, the steps done and what was not built are shown as they happen);
-#   test  (the default) also the test tools (scripts/requirements-test.txt: pytest, hypothesis), and
+#   test  (the default) also the test tools (scripts/requirements-test.txt: pytest, pytest-xdist, hypothesis), and
 #         unless APEXLITE_SKIP_TEST_LIBRARIES=1 the real libraries tests/libraries runs (timm,
 #         transformers, accelerate), in a venv of their own (scripts/install_test_libraries.py).
 # The environment: $PYTHON when set, else this checkout's ./.venv, created on first use (python_env.sh).

@@ -1,10 +1,17 @@
-"""Shared fixtures: seeding and the guard that no test leaves torch patched."""
+"""Shared fixtures: seeding and the guard that no test leaves torch patched; slow tests first."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from tests._helpers.torch_snapshot import snapshot_patch_targets
+
+
+def pytest_collection_modifyitems(config, items):
+    """Runs the tests marked slow (each tens of seconds to two minutes) first, in their order, so that the
+    suite's worker processes (scripts/test.sh) share the short ones at the end instead of one of them
+    starting a long test as the other runs out of work."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)

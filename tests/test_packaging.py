@@ -60,6 +60,7 @@ def _run(command, **kwargs):
     return done
 
 
+@pytest.mark.slow
 def test_plain_pip_install_compiles_the_kernels_on_first_use(tmp_path):
     checkout = tmp_path / "apexlite-checkout"
     shutil.copytree(ROOT, checkout, ignore=NOT_SHIPPED)

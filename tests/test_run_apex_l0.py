@@ -150,6 +150,7 @@ def _torch_has_cuda():
     return torch.cuda.is_available()
 
 
+@pytest.mark.slow
 def test_a_suite_past_its_timeout_is_stopped_judged_on_what_finished_and_the_next_still_runs(tmp_path):
     _stand_in(tmp_path, "run_amp", """\
         import time

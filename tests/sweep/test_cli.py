@@ -44,6 +44,7 @@ def sweep(*args, timeout=240):
                           timeout=timeout, cwd=ROOT, env=env)
 
 
+@pytest.mark.slow
 def test_repeated_sweeps_agree_and_a_diverging_level_fails_the_sweep(tmp_path):
     path = tmp_path / "toy.py"
     path.write_text(TOY)
@@ -96,6 +97,7 @@ HANGS_OR_FAILS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_failed_run_shows_its_exception_and_a_timeout_kills_the_tree_but_keeps_its_steps(tmp_path):
     path, pid_file, out = tmp_path / "hang.py", tmp_path / "child.pid", tmp_path / "runs.json"

@@ -4,7 +4,8 @@
     python -m bench.bench_adam_tensor_counts --device cuda --out gpu_check_results/adam_counts --budget-s 90
 
 For each tensor count (the same total of fp32 params split evenly: 100M on CUDA, 4M on CPU by default;
-on CPU also 2,000 tensors of 16 floats, where only host cost shows) every case is built in this one
+then 1 and 2,000 tensors of 16 floats, where only host cost shows: a step's fixed cost and its cost per
+tensor) every case is built in this one
 process and the cases are timed round by round, interleaved, so drift hits them alike. Each step is
 timed twice: ``wall``, from step() to the end of a synchronize after it (what a training loop waits
 for), and on CUDA ``device``, between CUDA events recorded around it; ``host`` is the time until
@@ -43,7 +44,7 @@ BYTES_PER_PARAM = 28
 HYPER = dict(lr=1e-3, weight_decay=0.01)
 DEFAULT_TOTAL = {"cuda": 100_000_000, "cpu": 4_000_000}
 COUNTS = (1, 100, 1_000, 10_000)
-HOST_CASE = (2_000, 16)  # CPU only: tensors x floats each
+HOST_CASES = ((1, 16), (2_000, 16))  # tensors x floats each
 STEPS_PER_ROUND, MIN_ROUNDS, MAX_ROUNDS, WARMUP = 1, 10, 60, 2
 ROOFLINE = "copy roofline"
 CASES = ("FusedAdam", "FusedAdam fresh grads", "FusedAdam lists", "torch fused", "torch foreach", ROOFLINE)
@@ -150,11 +151,9 @@ def paired_ratio(ours: List[float], theirs: List[float]) -> Optional[Dict[str, f
 
 
 def tensor_rows(device: str, total: int) -> List[Tuple[str, List[int]]]:
-    """(label, sizes) per row: ``total`` params split into COUNTS tensors, and on CPU the host-cost row."""
+    """(label, sizes) per row: ``total`` params split into COUNTS tensors, then the host-cost rows."""
     rows = [(f"{count:,} x {total // count:,}", [total // count] * count) for count in COUNTS]
-    if device == "cpu":
-        rows.append((f"{HOST_CASE[0]:,} x {HOST_CASE[1]}", [HOST_CASE[1]] * HOST_CASE[0]))
-    return rows
+    return rows + [(f"{count:,} x {size}", [size] * count) for count, size in HOST_CASES]
 
 
 def run(device: str, total: int, budget_s: float) -> Dict[str, Any]:

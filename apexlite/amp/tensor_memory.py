@@ -18,13 +18,15 @@ def cuda_in_use() -> bool:
 
 
 def _storage_key_and_bytes(tensor: torch.Tensor) -> Optional[tuple]:
+    """(address, bytes) of a CPU tensor's storage; None for tensors without real CPU memory: sparse, nested,
+    meta, and the functional wrappers torch.compile leaves alive, whose storage refuses its address."""
     try:
         storage = tensor.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # sparse, nested, meta and other storage-less tensors
+        if storage.device.type != "cpu":
+            return None
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):
         return None
-    if storage.device.type != "cpu":
-        return None
-    return storage.data_ptr(), storage.nbytes()
 
 
 def live_cpu_tensor_bytes() -> int:

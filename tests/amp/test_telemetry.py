@@ -159,6 +159,22 @@ def test_live_tensor_bytes_count_a_new_tensor_and_a_grad_once():
     del weight, view
 
 
+def test_live_tensor_bytes_pass_over_the_functional_wrappers_torch_compile_leaves_alive():
+    """torch.compile can leave a functional tensor over a fake one alive in the process; its storage refuses
+    its address. The count must neither fail on it nor count it (it holds no memory)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.empty(32, 16)
+    wrapper = torch._to_functional_tensor(fake)
+    with pytest.raises(RuntimeError):
+        wrapper.untyped_storage().data_ptr()
+    before = live_cpu_tensor_bytes()
+    real = torch.zeros(1 << 18)  # 1 MiB
+    assert live_cpu_tensor_bytes() - before == 1 << 20
+    del real, wrapper, fake
+
+
 def test_step_probe_reports_live_bytes_plus_the_step_temporaries():
     keep = torch.zeros(1 << 18)  # noqa: F841  (1 MiB live before and after)
     probe = StepMemoryProbe()

@@ -114,14 +114,18 @@ def time_step(case: Case, device: str) -> Tuple[float, float, Optional[float]]:
 
 
 def measure(cases: Dict[str, Case], device: str, budget_s: float) -> Dict[str, Dict[str, List[float]]]:
-    """Samples per case and clock, cases interleaved round by round until the budget ends (MIN..MAX rounds)."""
+    """Samples per case and clock, cases interleaved round by round until the budget ends (MIN..MAX rounds).
+    Each round starts one case further on, so that every case follows every other equally often: a case run
+    right after one that left the caches full of its written lines pays their write-back."""
     for case in cases.values():
         for _ in range(WARMUP):
             time_step(case, device)
     samples = {name: {"wall": [], "host": [], "device": []} for name in cases}
     start, rounds = time.perf_counter(), 0
     while rounds < MAX_ROUNDS and (rounds < MIN_ROUNDS or time.perf_counter() - start < budget_s):
-        for name, case in cases.items():
+        names = list(cases)
+        for name in names[rounds % len(names):] + names[:rounds % len(names)]:
+            case = cases[name]
             for _ in range(STEPS_PER_ROUND):
                 wall, host, on_device = time_step(case, device)
                 samples[name]["wall"].append(wall)

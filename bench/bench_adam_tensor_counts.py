@@ -121,9 +121,9 @@ def measure(cases: Dict[str, Case], device: str, budget_s: float) -> Dict[str, D
         for _ in range(WARMUP):
             time_step(case, device)
     samples = {name: {"wall": [], "host": [], "device": []} for name in cases}
+    names = list(cases)
     start, rounds = time.perf_counter(), 0
     while rounds < MAX_ROUNDS and (rounds < MIN_ROUNDS or time.perf_counter() - start < budget_s):
-        names = list(cases)
         for name in names[rounds % len(names):] + names[:rounds % len(names)]:
             case = cases[name]
             for _ in range(STEPS_PER_ROUND):

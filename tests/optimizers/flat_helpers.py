@@ -8,7 +8,7 @@ import torch
 from apexlite._native import loader as _ext
 from apexlite.optimizers import FusedAdam, _flat_grads
 from apexlite.optimizers import fused_adam as fused_adam_module
-from tests.optimizers.adam_helpers import IMPLEMENTATIONS, set_grads
+from tests.optimizers.adam_helpers import IMPLEMENTATIONS
 
 IMPLS = [impl for impl in IMPLEMENTATIONS if impl != "reference"]  # flat buffers need a fused path
 SHAPES = [(6, 5), (5,), (2, 3, 4, 5), (1,), (7, 3)]
@@ -53,9 +53,6 @@ def twins(dtype=torch.float32, implementation="kernel", shapes=SHAPES, **kw):
 def grads_for(params, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(p.shape, generator=gen).to(dtype) for p in params]
-
-
-assign = set_grads  # (params, grads): each grad cloned onto its param, of another dtype where torch allows
 
 
 def assert_same(run, reference, exact=True):

@@ -21,8 +21,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from apexlite._native import loader as _ext
 from apexlite.optimizers import FusedAdam, _flat_grads
+from tests.optimizers.adam_helpers import set_grads
 from tests.optimizers.flat_helpers import (  # noqa: F401 (grad_pass: a fixture)
-    COMBOS, HYPER, IMPLS, assert_same, assign, count_calls, grad_pass, grads_for, make_params, twins,
+    COMBOS, HYPER, IMPLS, assert_same, count_calls, grad_pass, grads_for, make_params, twins,
 )
 
 
@@ -36,7 +37,7 @@ def test_flat_buffers_match_the_per_tensor_path(implementation, combo, regime):
         grads = grads_for(runs[0][0], grad_dtype, step)
         for params, opt in runs:
             if regime == "fresh-grads" or step == 0:
-                assign(params, grads)
+                set_grads(params, grads)
             else:  # what autograd does to an existing .grad: add in place
                 for p, g in zip(params, grads):
                     p.grad.add_(g)
@@ -67,7 +68,7 @@ def test_params_keep_their_objects_and_share_one_buffer_per_role():
     params = make_params()
     ids = [id(p) for p in params]
     opt = FusedAdam(params, **HYPER)
-    assign(params, grads_for(params, torch.float32, 0))
+    set_grads(params, grads_for(params, torch.float32, 0))
     before = [p.detach().clone() for p in params]
     opt.step()
     assert [id(p) for p in opt.param_groups[0]["params"]] == ids
@@ -114,7 +115,7 @@ def test_state_dict_has_torchs_format_and_loads_weights_only():
     opt, ref = FusedAdam(params, **HYPER), torch.optim.AdamW(make_params(), **HYPER)
     for optimizer in (opt, ref):
         group_params = optimizer.param_groups[0]["params"]
-        assign(group_params, grads_for(group_params, torch.float32, 0))
+        set_grads(group_params, grads_for(group_params, torch.float32, 0))
         optimizer.step()
     ours, theirs = opt.state_dict(), ref.state_dict()
     assert ours["state"].keys() == theirs["state"].keys()
@@ -151,7 +152,7 @@ def test_a_first_step_without_grads_costs_no_rebuild(monkeypatch):
     opt.step()  # nothing to do yet (e.g. a scheduler test call before the first backward)
     calls = count_calls(monkeypatch)
     for step in range(3):
-        assign(params, grads_for(params, torch.float32, step))
+        set_grads(params, grads_for(params, torch.float32, step))
         opt.step()
     assert calls == {"flat": 3, "lists": 0}
     assert all(float(opt.state[p]["step"]) == 3.0 for p in params)
@@ -165,7 +166,7 @@ def test_large_fresh_cpu_grads_are_read_in_place(grad_pass, monkeypatch, size, f
     for step in range(3):
         grads = grads_for(runs[0][0], torch.float32, step)
         for params, opt in runs:
-            assign(params, grads)
+            set_grads(params, grads)
             opt.step()
     assert_same(*runs)
     assert calls == {"flat": flat_calls, "lists": 3 + 3 - flat_calls}  # (the twin takes the per-tensor path)
@@ -175,7 +176,7 @@ def test_grads_keep_their_identity_and_live_in_the_buffer(grad_pass):
     params = make_params()
     opt = FusedAdam(params, **HYPER)
     grads = grads_for(params, torch.float32, 0)
-    assign(params, grads)
+    set_grads(params, grads)
     assigned = [p.grad for p in params]
     opt.step()
     assert all(p.grad is g for p, g in zip(params, assigned))
@@ -207,7 +208,7 @@ def test_grad_scaler_unscales_into_the_same_grad_tensors(grad_pass):
 def test_setting_grads_to_none_frees_the_grad_buffer(grad_pass):
     params = make_params()
     opt = FusedAdam(params, **HYPER)
-    assign(params, grads_for(params, torch.float32, 0))
+    set_grads(params, grads_for(params, torch.float32, 0))
     opt.step()
     buffer = StorageWeakRef(params[0].grad.untyped_storage())
     opt.zero_grad(set_to_none=True)
@@ -218,7 +219,7 @@ def test_setting_grads_to_none_frees_the_grad_buffer(grad_pass):
 def test_a_grad_kept_from_an_earlier_step_keeps_its_values(grad_pass, replaced):
     params = make_params()
     opt = FusedAdam(params, **HYPER)
-    assign(params, grads_for(params, torch.float32, 0))
+    set_grads(params, grads_for(params, torch.float32, 0))
     opt.step()
     kept = params[1].grad
     kept_values = kept.clone()
@@ -227,7 +228,7 @@ def test_a_grad_kept_from_an_earlier_step_keeps_its_values(grad_pass, replaced):
         params[1].grad = fresh[1]
     else:
         opt.zero_grad(set_to_none=True)
-        assign(params, fresh)
+        set_grads(params, fresh)
     opt.step()
     assert torch.equal(kept, kept_values)
     assert torch.equal(params[1].grad, fresh[1])

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from apexlite.optimizers import FusedAdam, _flat_buffers
+from tests.optimizers.adam_helpers import set_grads
 from tests.optimizers.flat_helpers import (  # noqa: F401 (grad_pass: a fixture)
-    HYPER, IMPLS, assert_same, assign, count_calls, grad_pass, grads_for, make_params, twins,
+    HYPER, IMPLS, assert_same, count_calls, grad_pass, grads_for, make_params, twins,
 )
 
 
@@ -25,7 +26,7 @@ def test_a_param_without_grad_is_skipped_and_the_buffers_follow(grad_pass, imple
     for step in range(5):
         grads = grads_for(runs[0][0], torch.float32, step)
         for params, opt in runs:
-            assign(params, grads)
+            set_grads(params, grads)
             if step == 1:
                 params[2].grad = None
             opt.step()
@@ -46,7 +47,7 @@ def test_model_cast_after_steps_continues_like_the_per_tensor_path(grad_pass):
                 for p in params:
                     p.data = p.data.to(torch.bfloat16)
                 opt.enable_master_weights(saved)
-            assign(params, grads)
+            set_grads(params, grads)
             opt.step()
     assert_same(*runs)
 
@@ -71,7 +72,7 @@ def test_replaced_state_is_what_the_next_step_uses(grad_pass, change, monkeypatc
                     opt.state.clear()
                 else:
                     opt.state = defaultdict(dict)
-            assign(params, grads)
+            set_grads(params, grads)
             opt.step()
     assert_same(*runs)
     assert calls["flat"] == 2 + 2 * STATE_CHANGES[change]  # the flat path resumes at once
@@ -86,7 +87,7 @@ def test_params_list_edited_in_place_and_new_group(grad_pass):
                 opt.param_groups[0]["params"].append(more[0])
             if step == 2:
                 opt.add_param_group({"params": [more[1]], "lr": 3e-3})
-            assign(params + more, grads_for(params + more, torch.float32, step))
+            set_grads(params + more, grads_for(params + more, torch.float32, step))
             opt.step()
     assert_same((runs[0][0] + extra[0], runs[0][1]), (runs[1][0] + extra[1], runs[1][1]))
 
@@ -99,7 +100,7 @@ def test_loading_a_checkpoint_mid_run(grad_pass, monkeypatch):
         for index, (params, opt) in enumerate(runs):
             if step == 3:
                 opt.load_state_dict(copy.deepcopy(runs[1][1].state_dict()))  # both take the same checkpoint
-            assign(params, grads)
+            set_grads(params, grads)
             opt.step()
     assert_same(*runs)
     assert calls["flat"] == 5  # every step of the flat run, the one after the load included
@@ -118,8 +119,8 @@ def test_params_sharing_memory_stay_where_they_are():
                                                      flat_buffers=False, **HYPER)
     for step in range(3):
         grads = grads_for(params, torch.float32, step)
-        assign(params, grads)
-        assign(ref.param_groups[0]["params"], grads)
+        set_grads(params, grads)
+        set_grads(ref.param_groups[0]["params"], grads)
         opt.step()
         ref.step()
     assert [p.data_ptr() for p in tied] == where[1:] and whole.data_ptr() != where[0]
@@ -147,7 +148,7 @@ def test_a_group_that_keeps_changing_stays_on_the_per_tensor_path(grad_pass, cap
         for step in range(2 * _flat_buffers.MAX_REBUILDS + 6):
             grads = grads_for(runs[0][0], torch.float32, step)
             for params, opt in runs:
-                assign(params, grads)
+                set_grads(params, grads)
                 params[step % 2].grad = None  # a different param misses each step
                 opt.step()
     assert_same(*runs)

@@ -2,8 +2,10 @@
 // role, whatever number of params the buffers hold: one launch, no per-tensor table, then one small
 // launch that advances the step counters. Each thread takes kVec consecutive elements per loop turn
 // with one vector load or store per buffer (16 bytes of fp16/bf16, 2 x 16 of float32) and walks the
-// buffers grid-stride, with a grid of a few blocks per SM; buffers whose addresses do not allow the
-// vectors (never the case for buffers torch allocates) take the same loop one element at a time.
+// buffers grid-stride, with a grid of a few blocks per SM. Buffers that all start the same number of
+// elements past a vector boundary (a range of a set's buffers: FusedAdam launches a set in pieces, so
+// the device starts while the host still checks the rest) take their first elements one at a time,
+// the rest in vectors; buffers misaligned unequally take the whole loop one element at a time.
 // Also compiles as host C++ (APEXLITE_CUDA_HOST_EMULATION, see host_emulation.h) for the cuda_host tests.
 #include <cstdint>
 #include <type_traits>
@@ -75,7 +77,7 @@ __device__ __forceinline__ void update(const AdamFlatBuffers& b, int64_t i, cons
 template <typename P, typename G, typename M, typename C, AdamMode kMode, int kWidth>
 __global__ void __launch_bounds__(kFlatBlockSize)
     fused_adam_flat_kernel(AdamFlatBuffers b, AdamHyper hyper, const float* grad_scale, const float* found_inf,
-                           bool store_grads) {
+                           bool store_grads, int64_t head) {
   if (found_inf != nullptr && *found_inf != 0.0f) return;
   // The counters still hold the previous count (advance_flat_steps_kernel bumps them afterwards);
   // the float addition is the CPU kernel's, so both take the same step in every float range.
@@ -83,10 +85,15 @@ __global__ void __launch_bounds__(kFlatBlockSize)
   const AdamScalars s = make_adam_scalars(hyper, static_cast<double>(step), grad_scale != nullptr ? *grad_scale : 1.0);
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t groups = b.numel / kWidth;
-  for (int64_t k = thread; k < groups; k += threads) update<kWidth, P, G, M, C, kMode>(b, k * kWidth, s, store_grads);
-  if constexpr (kWidth > 1) {  // the last numel % kWidth elements, one per thread of the first warp
-    const int64_t i = groups * kWidth + thread;
+  // Elements [head, head + groups * kWidth) in vectors; the head (< kWidth elements before the first
+  // vector boundary) and the tail one per thread of the first warp.
+  const int64_t groups = (b.numel - head) / kWidth;
+  for (int64_t k = thread; k < groups; k += threads) {
+    update<kWidth, P, G, M, C, kMode>(b, head + k * kWidth, s, store_grads);
+  }
+  if constexpr (kWidth > 1) {
+    if (thread < head) update<1, P, G, M, C, kMode>(b, thread, s, store_grads);
+    const int64_t i = head + groups * kWidth + thread;
     if (i < b.numel) update<1, P, G, M, C, kMode>(b, i, s, store_grads);
   }
 }
@@ -96,8 +103,26 @@ __global__ void advance_flat_steps_kernel(float* steps, int64_t count, const flo
   if (i < count && (found_inf == nullptr || *found_inf == 0.0f)) steps[i] += 1.0f;
 }
 
-bool aligned(const void* pointer, size_t element_size) {
-  return reinterpret_cast<uintptr_t>(pointer) % (element_size * kVec) == 0;
+// How many elements `pointer` lies past a kVec-element boundary, or -1 when it is not even aligned to
+// its element size.
+int64_t elements_past_boundary(const void* pointer, size_t element_size) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  if (address % element_size != 0) return -1;
+  return static_cast<int64_t>((address % (element_size * kVec)) / element_size);
+}
+
+// The elements to take one at a time before every buffer reaches a vector boundary together, or -1
+// when the buffers lie at different distances from one (then no vector loads at all).
+template <typename P, typename G, typename M, typename C>
+int64_t common_head(const AdamFlatBuffers& b) {
+  const int64_t past = elements_past_boundary(b.param, sizeof(P));
+  const bool same = past >= 0 && elements_past_boundary(b.grad, sizeof(G)) == past &&
+                    elements_past_boundary(b.exp_avg, sizeof(M)) == past &&
+                    elements_past_boundary(b.exp_avg_sq, sizeof(M)) == past &&
+                    (b.model_copy == nullptr || elements_past_boundary(b.model_copy, sizeof(C)) == past);
+  if (!same) return -1;
+  const int64_t head = (kVec - past) % kVec;
+  return head < b.numel ? head : b.numel;
 }
 
 int grid_limit() {
@@ -113,9 +138,9 @@ template <typename P, typename G, typename M, typename C>
 cudaError_t launch_typed(const AdamFlatBuffers& b, const AdamHyper& hyper, AdamMode mode, const float* grad_scale,
                          const float* found_inf, cudaStream_t stream) {
   const bool store_grads = b.unscale_grads && grad_scale != nullptr;
-  const bool vectors = aligned(b.param, sizeof(P)) && aligned(b.grad, sizeof(G)) && aligned(b.exp_avg, sizeof(M)) &&
-                       aligned(b.exp_avg_sq, sizeof(M)) && (b.model_copy == nullptr || aligned(b.model_copy, sizeof(C)));
-  const int64_t units = vectors ? b.numel / kVec : b.numel;
+  const int64_t head = common_head<P, G, M, C>(b);
+  const bool vectors = head >= 0;
+  const int64_t units = vectors ? (b.numel - head) / kVec : b.numel;
   const int64_t wanted = (units + kFlatBlockSize - 1) / kFlatBlockSize, limit = grid_limit();
   const int blocks = static_cast<int>(wanted < 1 ? 1 : (wanted < limit ? wanted : limit));
   const bool decoupled = mode == AdamMode::kDecoupled;
@@ -123,7 +148,8 @@ cudaError_t launch_typed(const AdamFlatBuffers& b, const AdamHyper& hyper, AdamM
                                            : fused_adam_flat_kernel<P, G, M, C, AdamMode::kL2, kVec>)
                               : (decoupled ? fused_adam_flat_kernel<P, G, M, C, AdamMode::kDecoupled, 1>
                                            : fused_adam_flat_kernel<P, G, M, C, AdamMode::kL2, 1>);
-  return launch_kernel(kernel, blocks, kFlatBlockSize, stream, b, hyper, grad_scale, found_inf, store_grads);
+  return launch_kernel(kernel, blocks, kFlatBlockSize, stream, b, hyper, grad_scale, found_inf, store_grads,
+                       vectors ? head : int64_t{0});
 }
 
 }  // namespace

@@ -3,8 +3,10 @@ emulation (marker ``cuda_host``; see tests/csrc/emulated_cuda.py and csrc/cuda/h
 
 Checked: bit-identical results to the compiled CPU kernel, which the list tests pin to the list op,
 for every dtype combination the op accepts, both Adam modes, with and without ``grad_scale``, on
-buffers whose addresses allow the vector loads and on buffers that do not (every element once on
-each path); ``found_inf`` writes nothing; every call is exactly two launches (the update over the
+buffers whose addresses allow the vector loads, on buffers that all start the same number of elements
+past a vector boundary (a range of a set's buffers: a scalar head, then vectors) and on buffers that
+start at different distances from one (no vectors at all), every element once on each path;
+``found_inf`` writes nothing; every call is exactly two launches (the update over the
 whole buffers, grid-stride, and the counters), whatever the number of params the buffers hold; and
 the grid-stride loop and vector tails update every element exactly once (counting hyper-parameters:
 a zero weight with gradient 1 moves by exactly -1 per update). Every buffer lies between guard bands.
@@ -37,14 +39,35 @@ def emulated():
     return emulated_cuda.kernels_or_skip()
 
 
-class GuardedFlat:
-    """Each buffer placed ``shift`` elements past a guard band in a larger tensor (a shift that is not a
-    multiple of the vector width makes the addresses unfit for the vector loads); guards checked after."""
+# placement -> each buffer's shift in elements past a vector boundary (param, grad, exp_avg, exp_avg_sq, copy)
+PLACEMENTS = {
+    "vector-loads": (0, 0, 0, 0, 0),
+    "common-head": (3, 3, 3, 3, 3),  # 5 elements one at a time, then vectors
+    "unequal": (1, 1, 2, 1, 1),  # no shift brings every buffer to a boundary: all one at a time
+}
 
-    def __init__(self, flat: List[Optional[torch.Tensor]], shift: int) -> None:
+
+def _shifts(placement):
+    return PLACEMENTS[placement][:4] + (None,) + PLACEMENTS[placement][4:]
+
+
+def _units(total: int, placement: str) -> int:
+    """What the launch's grid is sized by: vectors after the head, or single elements."""
+    if placement == "unequal":
+        return total
+    head = min((VEC - PLACEMENTS[placement][0]) % VEC, total)
+    return (total - head) // VEC
+
+
+class GuardedFlat:
+    """Each buffer placed its shift in elements past a guard band in a larger tensor (``shifts``: one per
+    buffer, the counters' entry unused; a shift that is not a multiple of the vector width puts the
+    buffer off a vector boundary); guards checked after."""
+
+    def __init__(self, flat: List[Optional[torch.Tensor]], shifts) -> None:
         self.buffers: List[Optional[torch.Tensor]] = []
         self._guards: List[torch.Tensor] = []
-        for index, buffer in enumerate(flat):
+        for index, (buffer, shift) in enumerate(zip(flat, shifts)):
             if buffer is None or index == 4:  # counters stay as they are
                 self.buffers.append(buffer)
                 continue
@@ -71,13 +94,13 @@ def _blocks(units: int) -> int:
     return max(1, min(-(-units // BLOCK), GRID_LIMIT))
 
 
-@pytest.mark.parametrize("aligned", [True, False], ids=["vector-loads", "unaligned"])
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
 @pytest.mark.parametrize("scaling", ["unscaled", "scaled-and-unscale-grads", "scaled-keep-grads"])
 @pytest.mark.parametrize("adam_w_mode", [True, False], ids=["adamw", "l2"])
 @pytest.mark.parametrize("combo", DTYPE_COMBOS, ids=lambda c: "-".join(str(d).split(".")[-1] for d in c))
-def test_emulated_flat_kernel_matches_cpu_kernel_bit_for_bit(emulated, combo, adam_w_mode, scaling, aligned):
+def test_emulated_flat_kernel_matches_cpu_kernel_bit_for_bit(emulated, combo, adam_w_mode, scaling, placement):
     expected = flat_of(tensor_lists(NUMELS, combo))
-    guarded = GuardedFlat(flat_of(tensor_lists(NUMELS, combo)), shift=0 if aligned else 1)
+    guarded = GuardedFlat(flat_of(tensor_lists(NUMELS, combo)), _shifts(placement))
     scale = None if scaling == "unscaled" else torch.tensor([3.0 if scaling == "scaled-keep-grads" else 65536.0])
     kwargs = dict(HYPER, adam_w_mode=adam_w_mode, grad_scale=scale, unscale_grads=scaling != "scaled-keep-grads")
     emulated.take_launches()
@@ -85,20 +108,19 @@ def test_emulated_flat_kernel_matches_cpu_kernel_bit_for_bit(emulated, combo, ad
     emulated.fused_adam_flat_(*guarded.buffers, **kwargs)
     _assert_bitwise_equal(guarded.buffers, expected)
     guarded.assert_guards_intact()
-    total = sum(NUMELS)
-    units = total // VEC if aligned else total
-    assert emulated.take_launches() == [(_blocks(units), BLOCK), (1, BLOCK)]
+    assert emulated.take_launches() == [(_blocks(_units(sum(NUMELS), placement)), BLOCK), (1, BLOCK)]
 
 
-@pytest.mark.parametrize("numels", [[1], [7], [8], [9], [BLOCK * VEC * GRID_LIMIT * 2 + 3] + [1] * 600],
-                         ids=["one", "tail-only", "one-vector", "vector-and-tail", "grid-turns-600-counters"])
-@pytest.mark.parametrize("aligned", [True, False], ids=["vector-loads", "unaligned"])
-def test_every_element_and_counter_advances_exactly_once(emulated, numels, aligned):
+@pytest.mark.parametrize("numels", [[1], [4], [7], [8], [9], [2000], [BLOCK * VEC * GRID_LIMIT * 2 + 3] + [1] * 600],
+                         ids=["one", "head-only", "tail-only", "one-vector", "vector-and-tail",
+                              "a-block-of-vectors-or-eight-of-elements", "grid-turns-600-counters"])
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+def test_every_element_and_counter_advances_exactly_once(emulated, numels, placement):
     total = sum(numels)
     flat = [torch.zeros(total, dtype=torch.bfloat16), torch.ones(total, dtype=torch.bfloat16),
             torch.zeros(total, dtype=torch.bfloat16), torch.zeros(total, dtype=torch.bfloat16),
             torch.full((len(numels),), 5.0), None]
-    guarded = GuardedFlat(flat, shift=0 if aligned else 3)
+    guarded = GuardedFlat(flat, _shifts(placement))
     emulated.take_launches()
     emulated.fused_adam_flat_(*guarded.buffers, **COUNTING, adam_w_mode=True)
     guarded.assert_guards_intact()
@@ -106,13 +128,14 @@ def test_every_element_and_counter_advances_exactly_once(emulated, numels, align
     assert wrong.numel() == 0, f"elements {wrong[:5].tolist()} hold {guarded.buffers[0][wrong[:5]].tolist()}"
     assert torch.equal(guarded.buffers[4], torch.full((len(numels),), 6.0))
     adam, counters = emulated.take_launches()
-    assert adam == (_blocks(total // VEC if aligned else total), BLOCK)
+    assert adam == (_blocks(_units(total, placement)), BLOCK)
     assert counters == (-(-len(numels) // BLOCK), BLOCK)
 
 
 @pytest.mark.parametrize("found_inf", [1.0, 2.0, float("inf")])
 def test_found_inf_writes_nothing_and_keeps_counters(emulated, found_inf):
-    guarded = GuardedFlat(flat_of(tensor_lists(NUMELS, (torch.float32, torch.float16, torch.float32, torch.float16))), 0)
+    guarded = GuardedFlat(flat_of(tensor_lists(NUMELS, (torch.float32, torch.float16, torch.float32, torch.float16))),
+                          _shifts("vector-loads"))
     before = [None if t is None else t.clone() for t in guarded.buffers]
     emulated.fused_adam_flat_(*guarded.buffers, **HYPER, adam_w_mode=True, grad_scale=torch.tensor([8.0]),
                               found_inf=torch.tensor([found_inf]), unscale_grads=True)

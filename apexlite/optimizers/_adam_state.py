@@ -221,3 +221,17 @@ def settle_weight_decay_modes(groups: List[Dict[str, Any]], built_modes: List[bo
                      "built with %s; the checkpoint's mode wins, as torch.optim.Adam takes a checkpoint's "
                      "decoupled_weight_decay. To train with the constructor's mode, set group['adam_w_mode'] after "
                      "loading.", len(differ), _mode_name(not differ[0]), _mode_name(differ[0]))
+
+
+def check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> None:
+    """The constructor's checks of a group's hyper-parameters, with messages that say the valid range."""
+    if isinstance(lr, torch.Tensor):
+        raise TypeError("FusedAdam takes lr as a Python float; pass float(lr) (a tensor lr is not supported).")
+    if not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr} (must be >= 0)")
+    if not 0.0 <= eps:
+        raise ValueError(f"Invalid epsilon value: {eps} (must be >= 0)")
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"Invalid betas: {betas} (need two values, each in [0, 1))")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay} (must be >= 0)")

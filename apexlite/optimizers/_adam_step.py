@@ -14,7 +14,7 @@ Paths (``implementation``):
 from __future__ import annotations
 
 import functools
-from typing import Iterable, List, Optional
+from typing import Iterable, List, Optional, Union
 
 import torch
 
@@ -146,3 +146,15 @@ def fused_adam_flat_step(
     _torch_fused.torch_fused_adam_step(
         [param], [grad], [exp_avg], [exp_avg_sq], [steps[:1]], [] if model_copy is None else [model_copy],
         counters=[steps], workspace=workspace, **hyper)
+
+
+def flag_on(value: Union[None, float, torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:
+    """A GradScaler-style flag (scale or found_inf) as a float32 tensor on ``device``, or None.
+
+    A Python number becomes a device tensor by a fill, with no host-to-device copy.
+    """
+    if value is None:
+        return None
+    if torch.is_tensor(value):
+        return value.to(device=device, dtype=torch.float32, non_blocking=True)
+    return torch.full((1,), float(value), dtype=torch.float32, device=device)

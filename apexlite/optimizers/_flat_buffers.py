@@ -15,7 +15,7 @@ NOTE [flat buffers]
   (views, tensor subclasses such as DTensor or FSDP's flat params, strided slices) take the
   per-tensor path. The grads: NOTE [flat grads] in _flat_grads.py.
 - Checked each step at no Python cost per param (apexlite._C.flat_grads): the group's params list, each
-  param's memory, each grad. The state is watched (_watched_state.py): replacing a member's entries,
+  param's memory, each grad; a large set on a GPU in pieces, each launched once checked (_flat_runs.py). The state is watched (_watched_state.py): replacing a member's entries,
   its state dict or the optimizer's ``state`` rebuilds the layout from the tensors then in place.
   A param without grad, a grad of another dtype, a replaced ``.data`` (``model.half()``) or a changed
   params list send the step down the per-tensor path once and rebuild the layout at the next step,
@@ -38,8 +38,9 @@ import torch
 from apexlite._logging import get_logger
 from apexlite.optimizers import _adam_state as adam_state
 from apexlite.optimizers._flat_grads import (GROUP_CHANGED, MAX_FRESH_AVERAGE_CPU, NOT_IN_BUFFER, PARAMS_CHANGED, READY,
-                                             REASONS, REBUILD, flat_grads, flat_zero_grads)
+                                             REASONS, REBUILD, flat_grads, flat_grads_in_place, flat_zero_grads)
 from apexlite.optimizers._flat_memory import OwnedBuffers, alias, flattenable, move_into, new_buffer, repoint, start_of
+from apexlite.optimizers._flat_runs import FlatRun, PiecePolicy, PiecewiseRun, WholeRun, call_over
 from apexlite.optimizers._watched_state import Watch, WatchedState, WatchedStateMap
 
 MAX_BUFFER_ELEMENTS = 1 << 28
@@ -60,17 +61,10 @@ class FlatSet:
     steps: torch.Tensor  # one counter per member, all equal
     param_ptrs: torch.Tensor  # int64: where each member's data must still be
     offsets: torch.Tensor  # int64: where each member starts in the buffers
+    starts: Tuple[int, ...]  # the same offsets, as Python ints
     grad_like: torch.Tensor  # empty, of the grads' dtype and device
     grad_start: int  # where the grad buffer starts in its storage, in elements
     watch: Watch = field(default_factory=Watch)
-
-
-@dataclass
-class FlatCall:
-    """One kernel call of a step: a set's buffers and its grads as one flat tensor."""
-
-    buffers: FlatSet
-    grad: torch.Tensor
 
 
 @dataclass
@@ -104,6 +98,7 @@ class FlatBuffers:
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
+        self.piece_policy = PiecePolicy()
         self._layouts: Dict[int, Tuple[dict, GroupLayout]] = {}
         self._rebuilds: Dict[int, int] = {}
         self._watches: Dict[torch.Tensor, Watch] = {}
@@ -115,21 +110,34 @@ class FlatBuffers:
         self._layouts.clear()
 
     def plan(self, optimizer: torch.optim.Optimizer, group: Dict[str, Any],
-             has_fused_path: Callable[[torch.device], bool]) -> Tuple[List[FlatCall], List[torch.Tensor]]:
-        """This step's flat calls for ``group``, and the params that take the per-tensor path."""
+             has_fused_path: Callable[[torch.device], bool]) -> Tuple[List[FlatRun], List[torch.Tensor]]:
+        """This step's flat runs for ``group`` (each yields its calls as it is iterated), and the params
+        that take the per-tensor path."""
         params = group["params"]
         if not self.enabled or self._rebuilds.get(id(group), 0) > MAX_REBUILDS:
             return [], list(params)
         layout = self._layout(optimizer, group, has_fused_path)
-        calls: List[FlatCall] = []
+        runs: List[FlatRun] = []
         rest = list(layout.outsiders)
         for flat_set in layout.sets:
+            fresh_limit = MAX_FRESH_AVERAGE_CPU if flat_set.weights.is_cpu else 0
+            bounds = self.piece_policy.bounds(flat_set)
+            if bounds is not None:
+                stop, grad = flat_grads_in_place(params, layout.known, flat_set.members, flat_set.masters,
+                                                 flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,
+                                                 flat_set.weights.numel(), flat_set.grad_start, 0, bounds[0], None)
+                if stop < 0:
+                    self._rebuild_later(group, layout, GROUP_CHANGED)
+                    return [], list(params)
+                if stop > 0:
+                    runs.append(PiecewiseRun(params, layout.known, flat_set, bounds, stop, grad, fresh_limit,
+                                             lambda reason: self._rebuild_later(group, layout, reason)))
+                    continue
             status, reason, grad = flat_grads(params, layout.known, flat_set.members, flat_set.masters,
                                               flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,
-                                              flat_set.weights.numel(), flat_set.grad_start,
-                                              MAX_FRESH_AVERAGE_CPU if flat_set.weights.is_cpu else 0)
+                                              flat_set.weights.numel(), flat_set.grad_start, fresh_limit)
             if status == READY:
-                calls.append(FlatCall(flat_set, grad))
+                runs.append(WholeRun(call_over(flat_set, grad)))
                 continue
             if status == REBUILD:
                 self._rebuild_later(group, layout, reason)
@@ -140,7 +148,7 @@ class FlatBuffers:
         if joining:
             self._rebuild_later(group, layout, 0)
             rest.extend(joining)
-        return calls, rest
+        return runs, rest
 
     def clear_grads(self, group: Dict[str, Any], set_to_none: bool) -> List[torch.Tensor]:
         """zero_grad for the params of ``group`` in flat buffers (one pass per set, and one fill when the grads
@@ -259,7 +267,7 @@ class FlatBuffers:
         return FlatSet(
             members=tuple(params), masters=masters, weights=weights, copies=copies, exp_avg=exp_avg,
             exp_avg_sq=exp_avg_sq, steps=steps, param_ptrs=torch.tensor([p.data_ptr() for p in params]),
-            offsets=torch.tensor(offsets, dtype=torch.int64),
+            offsets=torch.tensor(offsets, dtype=torch.int64), starts=tuple(offsets),
             grad_like=torch.empty(0, dtype=grad_dtype, device=device), grad_start=start_of("grad", grad_dtype),
             watch=watch)
 

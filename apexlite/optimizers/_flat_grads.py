@@ -25,6 +25,13 @@ NOTE [flat grads]
   missing grad, a grad of another dtype, a replaced param or a changed param list also ask for the
   layout to be rebuilt (the step counters of the set may now differ; the buffers follow the params).
 
+- A large set on a GPU is checked and stepped in pieces (:func:`flat_grads_in_place`, used by
+  _flat_runs.py): while every member so far is exactly as the set left it (param in place, grad in
+  place in the buffer), each checked piece is launched at once, so the device works while the host
+  checks the next. The first member that is not sends the rest of the set down the per-tensor path
+  for this step (its grads are then validated after the pieces before it have stepped: an error
+  there leaves those pieces stepped), and the set's next step takes the full check again.
+
 - zero_grad (:func:`flat_zero_grads`) clears a set in one pass too: set_to_none drops each member's
   grad; kept grads that all lie in the set's grad buffer are zeroed by one fill, each grad's version
   advanced; anything else is left to torch's per-param rule.
@@ -146,6 +153,41 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
     return READY, 0, flat
 
 
+def python_flat_grads_in_place(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
+                               members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
+                               param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
+                               shift: int, begin: int, end: int,
+                               flat: Optional[torch.Tensor]) -> Tuple[int, Optional[torch.Tensor]]:
+    """apexlite._C.flat_grads_in_place in Python: see :func:`flat_grads_in_place`."""
+    if not 0 <= begin <= end <= len(members):
+        raise ValueError(f"members [{begin}, {end}) is no range of the {len(members)} members")
+    if begin == 0 and (len(group_params) != len(known) or any(a is not b for a, b in zip(group_params, known))):
+        return -1, None
+    expected, starts = param_ptrs.tolist(), [shift + offset for offset in offsets.tolist()]
+    buffer = None if flat is None else flat.untyped_storage()
+    stop = begin
+    while stop < end:
+        param = members[stop]
+        grad = param.grad
+        if param.data_ptr() != expected[stop] or grad is None or grad.dtype != grad_like.dtype or \
+                grad.layout != torch.strided or grad.device != param.device or \
+                grad.storage_offset() != starts[stop] or not _same_layout(grad, param) or \
+                (masters is not None and masters[stop].grad is not None):
+            break
+        storage = grad.untyped_storage()
+        if buffer is None:
+            if storage.nbytes() != (shift + total) * grad.element_size():
+                break
+            buffer = storage
+        elif storage._cdata != buffer._cdata:
+            break
+        stop += 1
+    bump_versions(members[begin:stop])
+    if flat is None and buffer is not None:
+        flat = torch.empty(0, dtype=grad_like.dtype, device=grad_like.device).set_(buffer, shift, (total,), (1,))
+    return stop, flat
+
+
 ZEROED, NOT_IN_BUFFER, PARAMS_CHANGED = 0, 1, 2  # flat_zero_grads' answers
 
 
@@ -195,6 +237,21 @@ def flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, 
     native = _native("flat_grads")
     run = native if native is not None else python_flat_grads
     return run(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, max_fresh_average)
+
+
+def flat_grads_in_place(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
+                        members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
+                        param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
+                        shift: int, begin: int, end: int,
+                        flat: Optional[torch.Tensor]) -> Tuple[int, Optional[torch.Tensor]]:
+    """The check of one piece of a set stepped in pieces: (stop, flat grad). Members [begin, stop) have their
+    params where the set put them and their grads in place in the grad buffer (``flat``, or when None the
+    storage the first one's grad lies in), with no master grad; their versions are bumped. ``flat`` comes
+    back as the grad buffer (None when no member passed and none was given); stop is -1 when ``begin`` is 0
+    and the group's params list is not ``known``. Nothing else changes."""
+    native = _native("flat_grads_in_place")
+    run = native if native is not None else python_flat_grads_in_place
+    return run(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, begin, end, flat)
 
 
 def flat_zero_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],

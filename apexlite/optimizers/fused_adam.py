@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -10,38 +10,14 @@ from apexlite._logging import get_logger
 from apexlite.optimizers import _adam_state as adam_state
 from apexlite.optimizers import multi_tensor
 from apexlite.optimizers._base import ApexStyleOptimizer, clear_grads
-from apexlite.optimizers._adam_step import IMPLEMENTATIONS, bump_versions, fused_adam_flat_step, fused_adam_step, resolve
+from apexlite.optimizers._adam_step import (IMPLEMENTATIONS, bump_versions, flag_on, fused_adam_flat_step,
+                                            fused_adam_step, resolve)
 from apexlite.optimizers._flat_buffers import FlatBuffers
 from apexlite.optimizers._grad_writeback import check_grads_writable
 from apexlite.optimizers._torch_fused import Workspace, foreach_copy
 
 _LEGACY_STEP_ARGS = ("grads", "output_params", "scale", "grad_norms")
 _log = get_logger("optimizers")
-
-
-def _check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> None:
-    if isinstance(lr, torch.Tensor):
-        raise TypeError("FusedAdam takes lr as a Python float; pass float(lr) (a tensor lr is not supported).")
-    if not 0.0 <= lr:
-        raise ValueError(f"Invalid learning rate: {lr} (must be >= 0)")
-    if not 0.0 <= eps:
-        raise ValueError(f"Invalid epsilon value: {eps} (must be >= 0)")
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"Invalid betas: {betas} (need two values, each in [0, 1))")
-    if not 0.0 <= weight_decay:
-        raise ValueError(f"Invalid weight_decay value: {weight_decay} (must be >= 0)")
-
-
-def _flag_on(value: Union[None, float, torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:
-    """A GradScaler-style flag (scale or found_inf) as a float32 tensor on ``device``, or None.
-
-    A Python number becomes a device tensor by a fill, with no host-to-device copy.
-    """
-    if value is None:
-        return None
-    if torch.is_tensor(value):
-        return value.to(device=device, dtype=torch.float32, non_blocking=True)
-    return torch.full((1,), float(value), dtype=torch.float32, device=device)
 
 
 class FusedAdam(ApexStyleOptimizer):
@@ -95,7 +71,7 @@ class FusedAdam(ApexStyleOptimizer):
     ) -> None:
         if amsgrad:
             raise RuntimeError("FusedAdam does not implement AMSGrad; use torch.optim.Adam(amsgrad=True).")
-        _check_hyper(lr, betas, eps, weight_decay)
+        adam_state.check_hyper(lr, betas, eps, weight_decay)
         if exp_avg_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"exp_avg_dtype must be torch.float32 or torch.bfloat16, got {exp_avg_dtype}")
         if implementation not in IMPLEMENTATIONS:
@@ -128,7 +104,7 @@ class FusedAdam(ApexStyleOptimizer):
         """Adds a group (torch semantics); its hyper-parameters are validated like the constructor's."""
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        _check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
+        adam_state.check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
 
     def enable_master_weights(self, initial_masters: Optional[Mapping[torch.Tensor, torch.Tensor]] = None) -> None:
         """Switches master weights on for an optimizer whose params are (now) fp16/bf16.
@@ -226,28 +202,39 @@ class FusedAdam(ApexStyleOptimizer):
         store_unscaled = grad_scale is not None and not self.leave_grads_scaled
         plan = []
         for group in self.param_groups:
-            flat_calls, rest = self._flat.plan(self, group, self._has_fused_path)
-            plan.append((group, flat_calls, self._buckets(rest)))
+            flat_runs, rest = self._flat.plan(self, group, self._has_fused_path)
+            plan.append((group, flat_runs, self._buckets(rest)))
         if store_unscaled:  # before anything is updated (flat grads are laid out like their params)
-            check_grads_writable((pair for _, _, buckets in plan for bucket in buckets.values()
-                                  if not bucket.grads_unscaled for pair in bucket.unlike_params), "FusedAdam")
-        for group, flat_calls, buckets in plan:
+            self._check_unscaled_grads_writable(buckets for _, _, buckets in plan)
+        flags: Dict[torch.device, Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]] = {}
+        for group, flat_runs, buckets in plan:
             beta1, beta2 = group["betas"]
             hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                          weight_decay=group["weight_decay"], bias_correction=group["bias_correction"],
                          adam_w_mode=group["adam_w_mode"], unscale_grads=not self.leave_grads_scaled)
-            for call in flat_calls:  # member versions were bumped by the grad check (NOTE [flat grads])
-                flat, device = call.buffers, call.grad.device
-                fused_adam_flat_step(
-                    flat.weights, call.grad, flat.exp_avg, flat.exp_avg_sq, flat.steps, flat.copies,
-                    path=resolve(self.implementation, device), workspace=self._workspace,
-                    grad_scale=_flag_on(grad_scale, device), found_inf=_flag_on(found_inf, device), **hyper)
-            for bucket in buckets.values():
-                bucket_scale = None if bucket.grads_unscaled else _flag_on(grad_scale, bucket.device)
+            late: List[torch.Tensor] = []
+            for run in flat_runs:  # member versions are bumped by the grad checks (NOTE [flat grads])
+                for call in run:
+                    device = call.grad.device
+                    if device not in flags:
+                        flags[device] = (flag_on(grad_scale, device), flag_on(found_inf, device))
+                    fused_adam_flat_step(
+                        call.weights, call.grad, call.exp_avg, call.exp_avg_sq, call.steps, call.copies,
+                        path=resolve(self.implementation, device), workspace=self._workspace,
+                        grad_scale=flags[device][0], found_inf=flags[device][1], **hyper)
+                late += run.late
+            buckets = list(buckets.values())
+            if late:  # members a set stepped in pieces found unfit part-way (NOTE [flat grads])
+                late_buckets = self._buckets(late)
+                if store_unscaled:
+                    self._check_unscaled_grads_writable([late_buckets])
+                buckets += late_buckets.values()
+            for bucket in buckets:
+                bucket_scale = None if bucket.grads_unscaled else flag_on(grad_scale, bucket.device)
                 path = fused_adam_step(
                     bucket.params, bucket.grads, bucket.exp_avgs, bucket.exp_avg_sqs,
                     bucket.state_steps, bucket.model_copies, grad_scale=bucket_scale,
-                    found_inf=_flag_on(found_inf, bucket.device),
+                    found_inf=flag_on(found_inf, bucket.device),
                     implementation=self.implementation if bucket.dense else "reference",
                     workspace=self._workspace, **hyper,
                 )
@@ -256,6 +243,11 @@ class FusedAdam(ApexStyleOptimizer):
                 if bucket.odd_grads and bucket_scale is not None and store_unscaled:  # into .grad itself
                     foreach_copy(bucket.odd_grads, bucket.odd_grad_copies)
         return loss
+
+    @staticmethod
+    def _check_unscaled_grads_writable(bucket_maps: Iterable[Dict[Tuple, adam_state.Bucket]]) -> None:
+        check_grads_writable((pair for buckets in bucket_maps for bucket in buckets.values()
+                              if not bucket.grads_unscaled for pair in bucket.unlike_params), "FusedAdam")
 
     def _has_fused_path(self, device: torch.device) -> bool:
         """Whether params on ``device`` take a fused path (kernel or torch ops), which flat buffers need."""

@@ -248,6 +248,76 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   END_HANDLE_TH_ERRORS
 }
 
+// The first chunk check of a set that FusedAdam steps in pieces (NOTE [flat grads]): members [begin, end)
+// are scanned until one is not exactly as the set left it at its last step, that is, its param where
+// the set put it and its grad in place in the set's grad buffer (a grad at its offset, laid out like
+// its param, with no master grad). Returns (stop, flat): members [begin, stop) passed and had their
+// versions bumped; `flat` is the grad buffer as one tensor (the one passed in, or, when None, made
+// from the first member's grad); stop is -1 when begin is 0 and the group's params list changed.
+// Nothing else is changed: the members from `stop` on are left to the full check or the per-tensor path.
+PyObject* flat_grads_in_place(PyObject* /*module*/, PyObject* args) {
+  HANDLE_TH_ERRORS
+  PyObject *group_params, *known, *members, *masters, *param_ptrs_obj, *offsets_obj, *grad_like_obj, *flat_obj;
+  long long total, shift, begin, end;
+  if (!PyArg_ParseTuple(args, "OO!O!OOOOLLLLO", &group_params, &PyTuple_Type, &known, &PyTuple_Type, &members,
+                        &masters, &param_ptrs_obj, &offsets_obj, &grad_like_obj, &total, &shift, &begin, &end,
+                        &flat_obj)) {
+    return nullptr;
+  }
+  const at::Tensor& param_ptrs = THPVariable_Unpack(param_ptrs_obj);
+  const at::Tensor& offset_tensor = THPVariable_Unpack(offsets_obj);
+  const at::Tensor& grad_like = THPVariable_Unpack(grad_like_obj);
+  const Py_ssize_t count = PyTuple_GET_SIZE(members);
+  TORCH_CHECK(param_ptrs.numel() == count && offset_tensor.numel() == count && param_ptrs.is_contiguous() &&
+                  offset_tensor.is_contiguous() && param_ptrs.scalar_type() == at::kLong &&
+                  offset_tensor.scalar_type() == at::kLong,
+              "apexlite._C.flat_grads_in_place: param_ptrs and offsets must be contiguous int64 tensors of one entry "
+              "per member");
+  TORCH_CHECK(0 <= begin && begin <= end && end <= count, "apexlite._C.flat_grads_in_place: members [", begin, ", ",
+              end, ") is no range of the ", count, " members");
+  const bool with_masters = masters != Py_None;
+  TORCH_CHECK(!with_masters || (PyTuple_Check(masters) && PyTuple_GET_SIZE(masters) == count),
+              "apexlite._C.flat_grads_in_place: masters must be None or a tuple of one tensor per member");
+  TORCH_CHECK(flat_obj == Py_None || THPVariable_Check(flat_obj),
+              "apexlite._C.flat_grads_in_place: flat must be None or the tensor an earlier call returned");
+  if (begin == 0) {
+    const int same = same_group(group_params, known);
+    if (same < 0) return nullptr;
+    if (!same) return Py_BuildValue("LO", -1LL, Py_None);
+  }
+  const int64_t* expected = param_ptrs.data_ptr<int64_t>();
+  const int64_t* offsets = offset_tensor.data_ptr<int64_t>();
+  const int64_t element_size = grad_like.element_size();
+  c10::Storage buffer;
+  if (flat_obj != Py_None) buffer = THPVariable_Unpack(flat_obj).storage();
+  Py_ssize_t stop = begin;
+  for (; stop < end; ++stop) {
+    prefetch_member(members, stop, end);
+    const at::Tensor& param = THPVariable_Unpack(PyTuple_GET_ITEM(members, stop));
+    if (address_of(param) != expected[stop]) break;
+    const at::Tensor& grad = grad_of(param);
+    if (!grad.defined() || grad.scalar_type() != grad_like.scalar_type() || grad.layout() != at::kStrided ||
+        grad.device() != param.device() || grad.storage_offset() != shift + offsets[stop] || !same_layout(grad, param)) {
+      break;
+    }
+    if (with_masters && grad_of(THPVariable_Unpack(PyTuple_GET_ITEM(masters, stop))).defined()) break;
+    const c10::Storage& storage = grad.storage();
+    if (!buffer) {
+      if (static_cast<int64_t>(storage.nbytes()) != (shift + total) * element_size) break;
+      buffer = storage;
+    } else if (storage.unsafeGetStorageImpl() != buffer.unsafeGetStorageImpl()) {
+      break;
+    }
+    param.unsafeGetTensorImpl()->bump_version();  // the kernel writes it through a raw pointer
+  }
+  if (flat_obj != Py_None) return Py_BuildValue("nO", stop, flat_obj);
+  if (stop == begin) return Py_BuildValue("nO", stop, Py_None);
+  at::Tensor flat = at::empty({0}, grad_like.options());
+  flat.set_(buffer, shift, {total}, {1});
+  return Py_BuildValue("nN", stop, THPVariable_Wrap(flat));
+  END_HANDLE_TH_ERRORS
+}
+
 // zero_grad for one flat buffer set: 0 when done, 1 when its grads are not all in the buffer (the
 // caller clears them one by one), 2 when the group's params list changed. set_to_none drops each
 // member's grad as `p.grad = None` does. Otherwise, when every member's grad is a plain tensor laid
@@ -305,6 +375,9 @@ PyMethodDef kFunctions[] = {
      "flat_grads(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, "
      "max_fresh_average) -> "
      "(status, reason, flat_grad or None): see apexlite/optimizers/_flat_grads.py"},
+    {"flat_grads_in_place", flat_grads_in_place, METH_VARARGS,
+     "flat_grads_in_place(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, begin, "
+     "end, flat) -> (stop, flat): see apexlite/optimizers/_flat_grads.py"},
     {"flat_zero_grads", flat_zero_grads, METH_VARARGS,
      "flat_zero_grads(group_params, known, members, offsets, grad_like, total, shift, set_to_none) -> "
      "0 (done), 1 (grads not all in the buffer) or 2 (params list changed): see apexlite/optimizers/_flat_grads.py"},

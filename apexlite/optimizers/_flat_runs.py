@@ -1,0 +1,125 @@
+"""A step's kernel calls over FusedAdam's flat buffer sets: one call per set, or, for a large set on a GPU,
+one call per checked piece, so that the device starts on the first piece while the host checks the next
+(NOTE [flat grads] in _flat_grads.py). Only this module and _flat_buffers.py know the buffers' layout."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Protocol, Sequence, Tuple
+
+import torch
+
+from apexlite.optimizers._flat_grads import READY, REBUILD, flat_grads, flat_grads_in_place
+
+if TYPE_CHECKING:
+    from apexlite.optimizers._flat_buffers import FlatSet
+
+
+@dataclass(frozen=True)
+class PiecePolicy:
+    """Which sets are stepped in pieces, and how they are cut: a first piece of ``first`` members, so
+    the device starts early, then the rest in ``pieces - 1`` equal runs (each piece costs a launch)."""
+
+    devices: Tuple[str, ...] = ("cuda",)  # a CPU kernel runs before step() goes on: nothing to overlap
+    min_members: int = 256
+    first: int = 64
+    pieces: int = 8
+
+    def bounds(self, flat_set: "FlatSet") -> Optional[List[int]]:
+        """The end of each piece (member indices), or None when the set is stepped in one call."""
+        count = len(flat_set.members)
+        if flat_set.weights.device.type not in self.devices or count < max(self.min_members, 2):
+            return None
+        first = min(self.first, count - 1)
+        size = -(-(count - first) // max(self.pieces - 1, 1))
+        return [first] + list(range(first + size, count, size)) + [count]
+
+
+@dataclass
+class FlatCall:
+    """One kernel call of a step: the same element range of a set's buffers and of its flat grad."""
+
+    weights: torch.Tensor
+    copies: Optional[torch.Tensor]
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    steps: torch.Tensor  # the counters of the range's members
+    grad: torch.Tensor
+
+
+def call_over(flat_set: "FlatSet", grad: torch.Tensor, begin: int = 0, stop: Optional[int] = None) -> FlatCall:
+    """The call for members [begin, stop) of ``flat_set`` (all of them by default), ``grad`` its grad buffer."""
+    count = len(flat_set.members)
+    stop = count if stop is None else stop
+    if begin == 0 and stop == count:
+        return FlatCall(flat_set.weights, flat_set.copies, flat_set.exp_avg, flat_set.exp_avg_sq, flat_set.steps, grad)
+    first = flat_set.starts[begin]
+    length = (flat_set.starts[stop] if stop < count else flat_set.weights.numel()) - first
+
+    def part(buffer: torch.Tensor) -> torch.Tensor:
+        return buffer.narrow(0, first, length)
+
+    return FlatCall(part(flat_set.weights), None if flat_set.copies is None else part(flat_set.copies),
+                    part(flat_set.exp_avg), part(flat_set.exp_avg_sq), flat_set.steps.narrow(0, begin, stop - begin),
+                    part(grad))
+
+
+class FlatRun(Protocol):
+    """A set's calls for this step, and the members found unfit while they were made (``late``: they take
+    the per-tensor path after the calls)."""
+
+    late: List[torch.Tensor]
+
+    def __iter__(self) -> Iterator[FlatCall]: ...
+
+
+class WholeRun:
+    """A set checked in full before the step: one call."""
+
+    def __init__(self, call: FlatCall) -> None:
+        self._call = call
+        self.late: List[torch.Tensor] = []
+
+    def __iter__(self) -> Iterator[FlatCall]:
+        yield self._call
+
+
+class PiecewiseRun:
+    """A set whose first piece was found in place: each further piece is checked just before its call.
+    At the first member that is not in place, the rest of the set takes the full check
+    (:func:`flat_grads`: its fresh grads join the buffer, and one call covers the rest), or, when that
+    refuses, the per-tensor path (``late``; ``on_rebuild`` hears the reasons that rebuild the layout)."""
+
+    def __init__(self, group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...], flat_set: "FlatSet",
+                 bounds: List[int], first_stop: int, grad: torch.Tensor, max_fresh_average: int,
+                 on_rebuild: Callable[[int], None]) -> None:
+        self._group_params, self._known, self._set = group_params, known, flat_set
+        self._bounds, self._first_stop, self._grad = bounds, first_stop, grad
+        self._max_fresh_average, self._on_rebuild = max_fresh_average, on_rebuild
+        self.late: List[torch.Tensor] = []
+
+    def __iter__(self) -> Iterator[FlatCall]:
+        flat_set, grad = self._set, self._grad
+        begin, stop = 0, self._first_stop
+        for end in self._bounds:
+            if begin > 0:
+                stop, grad = flat_grads_in_place(self._group_params, self._known, flat_set.members, flat_set.masters,
+                                                 flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,
+                                                 flat_set.weights.numel(), flat_set.grad_start, begin, end, grad)
+            if stop > begin:
+                yield call_over(flat_set, grad, begin, stop)
+            if stop < end:
+                yield from self._rest(stop)
+                return
+            begin = end
+
+    def _rest(self, stop: int) -> Iterator[FlatCall]:
+        flat_set = self._set
+        status, reason, grad = flat_grads(self._group_params, self._known, flat_set.members, flat_set.masters,
+                                          flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,
+                                          flat_set.weights.numel(), flat_set.grad_start, self._max_fresh_average)
+        if status == READY:
+            yield call_over(flat_set, grad, stop)
+            return
+        if status == REBUILD:
+            self._on_rebuild(reason)
+        self.late = list(flat_set.members[stop:])

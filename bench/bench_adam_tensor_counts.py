@@ -15,6 +15,9 @@ fused AdamW taken per round (the two steps ran back to back) so that load bursts
 Cases (AdamW, lr 1e-3, weight decay 0.01, fp32):
 * ``FusedAdam``: apexlite's, flat buffers, grads kept between steps (as after zero_grad(set_to_none=False)
   or while accumulating): after the first step they live in the grad buffer and nothing is copied;
+* ``FusedAdam one check`` (CUDA only): the same, with every set checked in full before its one launch;
+  ``FusedAdam`` steps a set of 256 or more params in pieces, each launched once checked, so the device
+  starts while the host checks the rest (NOTE [flat grads]; on the CPU there is nothing to overlap);
 * ``FusedAdam fresh grads``: the same with a new ``.grad`` tensor per param before every step (made
   outside the timing), as after zero_grad(set_to_none=True): the step copies them into its buffer;
 * ``FusedAdam lists``: ``FusedAdam(flat_buffers=False)``, the per-tensor path (apexlite before flat buffers);
@@ -39,6 +42,7 @@ import torch
 
 from apexlite.optimizers import FusedAdam
 from apexlite.optimizers._adam_step import resolve
+from apexlite.optimizers._flat_runs import PiecePolicy
 
 BYTES_PER_PARAM = 28
 HYPER = dict(lr=1e-3, weight_decay=0.01)
@@ -47,7 +51,8 @@ COUNTS = (1, 100, 1_000, 10_000)
 HOST_CASES = ((1, 16), (2_000, 16))  # tensors x floats each
 STEPS_PER_ROUND, MIN_ROUNDS, MAX_ROUNDS, WARMUP = 1, 10, 60, 2
 ROOFLINE = "copy roofline"
-CASES = ("FusedAdam", "FusedAdam fresh grads", "FusedAdam lists", "torch fused", "torch foreach", ROOFLINE)
+CASES = ("FusedAdam", "FusedAdam one check", "FusedAdam fresh grads", "FusedAdam lists", "torch fused",
+         "torch foreach", ROOFLINE)  # "FusedAdam one check" on CUDA only
 
 
 class Case:
@@ -71,6 +76,10 @@ def build_cases(sizes: List[int], device: str) -> Dict[str, Case]:
     """Every case over its own params of ``sizes`` on ``device``."""
     cases: Dict[str, Case] = {}
     cases["FusedAdam"] = Case(FusedAdam(_params(sizes, device), **HYPER).step)
+    if device == "cuda":
+        whole = FusedAdam(_params(sizes, device), **HYPER)
+        whole._flat.piece_policy = PiecePolicy(devices=())
+        cases["FusedAdam one check"] = Case(whole.step)
     fresh_params = _params(sizes, device)
     sources = [p.grad.clone() for p in fresh_params]
 
@@ -195,16 +204,17 @@ def _cell(stats: Optional[Dict[str, float]]) -> str:
 
 
 def render(report: Dict[str, Any], clock: str) -> str:
+    names = [name for name in CASES if any(name in row["cases"] for row in report["rows"])]
     lines = [f"**{clock}** ms per step, median (p10-p90); FusedAdam / torch fused: median (p10-p90) of the "
              "per-round ratios", "",
-             "| tensors x params | " + " | ".join(CASES) + " | FusedAdam / torch fused | FusedAdam % of roofline |",
-             "|---|" + "---:|" * (len(CASES) + 2)]
+             "| tensors x params | " + " | ".join(names) + " | FusedAdam / torch fused | FusedAdam % of roofline |",
+             "|---|" + "---:|" * (len(names) + 2)]
     for row in report["rows"]:
         cases, ratio = row["cases"], row["ratio_to_torch_fused"][clock]
         if ratio is None:
             continue
         roof, ours = cases[ROOFLINE][clock]["median"], cases["FusedAdam"][clock]["median"]
-        cells = [_cell(cases[name][clock]) for name in CASES]
+        cells = [_cell(cases[name][clock]) for name in names]
         lines.append(f"| {row['label']} | " + " | ".join(cells) + f" | {ratio['median']:.2f} "
                      f"({ratio['p10']:.2f}-{ratio['p90']:.2f}) | {100 * roof / ours:.0f}% |")
     return "\n".join(lines)

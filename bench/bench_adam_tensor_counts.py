@@ -16,8 +16,8 @@ Cases (AdamW, lr 1e-3, weight decay 0.01, fp32):
 * ``FusedAdam``: apexlite's, flat buffers, grads kept between steps (as after zero_grad(set_to_none=False)
   or while accumulating): after the first step they live in the grad buffer and nothing is copied;
 * ``FusedAdam one check`` (CUDA only): the same, with every set checked in full before its one launch;
-  ``FusedAdam`` steps a set of 256 or more params in pieces, each launched once checked, so the device
-  starts while the host checks the rest (NOTE [flat grads]; on the CPU there is nothing to overlap);
+  ``FusedAdam`` steps a set of 1,000+ params (16M+ elements) in pieces, each launched once checked, so the
+  device starts while the host checks the rest (NOTE [flat grads]; on the CPU there is nothing to overlap);
 * ``FusedAdam fresh grads``: the same with a new ``.grad`` tensor per param before every step (made
   outside the timing), as after zero_grad(set_to_none=True): the step copies them into its buffer;
 * ``FusedAdam lists``: ``FusedAdam(flat_buffers=False)``, the per-tensor path (apexlite before flat buffers);

@@ -65,6 +65,7 @@ class FlatSet:
     grad_like: torch.Tensor  # empty, of the grads' dtype and device
     grad_start: int  # where the grad buffer starts in its storage, in elements
     watch: Watch = field(default_factory=Watch)
+    piece_views: Dict[Tuple[int, int], Tuple[Optional[torch.Tensor], ...]] = field(default_factory=dict)  # _flat_runs
 
 
 @dataclass

@@ -206,7 +206,7 @@ class FusedAdam(ApexStyleOptimizer):
             plan.append((group, flat_runs, self._buckets(rest)))
         if store_unscaled:  # before anything is updated (flat grads are laid out like their params)
             self._check_unscaled_grads_writable(buckets for _, _, buckets in plan)
-        flags: Dict[torch.device, Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]] = {}
+        per_device: Dict[torch.device, Tuple[str, Optional[torch.Tensor], Optional[torch.Tensor]]] = {}
         for group, flat_runs, buckets in plan:
             beta1, beta2 = group["betas"]
             hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
@@ -216,12 +216,13 @@ class FusedAdam(ApexStyleOptimizer):
             for run in flat_runs:  # member versions are bumped by the grad checks (NOTE [flat grads])
                 for call in run:
                     device = call.grad.device
-                    if device not in flags:
-                        flags[device] = (flag_on(grad_scale, device), flag_on(found_inf, device))
-                    fused_adam_flat_step(
-                        call.weights, call.grad, call.exp_avg, call.exp_avg_sq, call.steps, call.copies,
-                        path=resolve(self.implementation, device), workspace=self._workspace,
-                        grad_scale=flags[device][0], found_inf=flags[device][1], **hyper)
+                    if device not in per_device:
+                        per_device[device] = (resolve(self.implementation, device), flag_on(grad_scale, device),
+                                              flag_on(found_inf, device))
+                    path, scale, found = per_device[device]
+                    fused_adam_flat_step(call.weights, call.grad, call.exp_avg, call.exp_avg_sq, call.steps,
+                                         call.copies, path=path, workspace=self._workspace, grad_scale=scale,
+                                         found_inf=found, **hyper)
                 late += run.late
             buckets = list(buckets.values())
             if late:  # members a set stepped in pieces found unfit part-way (NOTE [flat grads])

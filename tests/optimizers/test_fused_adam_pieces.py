@@ -7,6 +7,8 @@ step that quietly fell back to one call (or to the per-tensor path) fails. Nativ
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -19,7 +21,8 @@ from tests.optimizers.flat_helpers import (  # noqa: F401 (grad_pass: a fixture)
 
 # 12 params of odd sizes: most pieces start off a vector boundary
 SHAPES = [(3, 5), (7,), (2, 3, 3), (1,), (5, 5), (9,), (4, 3), (11,), (2, 2), (13,), (3, 3), (6,)]
-POLICY = PiecePolicy(devices=("cpu",), min_members=2, first=2, pieces=4)  # pieces: members [0,2) [2,6) [6,10) [10,12)
+# pieces: members [0,2) [2,6) [6,10) [10,12)
+POLICY = PiecePolicy(devices=("cpu",), min_members=2, min_elements=1, first=2, min_piece=3, max_pieces=4)
 PIECES = 4
 LATE = 7  # a member of the third piece
 
@@ -169,7 +172,7 @@ def test_the_piece_check_and_its_python_twin_agree(monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("master_weights", [False, True], ids=["fp32", "bf16-masters"])
-def test_the_default_pieces_on_a_gpu_match_the_per_tensor_path(master_weights, monkeypatch):
+def test_pieces_on_a_gpu_match_the_per_tensor_path(master_weights, monkeypatch):
     """The compiled CUDA kernel on pieces that start off its vector boundaries (odd param sizes)."""
     shapes = [(3 + index % 7, 5) if index % 3 else (1 + index % 5,) for index in range(300)]
     dtype = torch.bfloat16 if master_weights else torch.float32
@@ -178,6 +181,7 @@ def test_the_default_pieces_on_a_gpu_match_the_per_tensor_path(master_weights, m
         gen = torch.Generator().manual_seed(0)
         params = [torch.nn.Parameter(torch.randn(shape, generator=gen).to(dtype).cuda()) for shape in shapes]
         runs.append((params, FusedAdam(params, flat_buffers=flat, master_weights=master_weights, **HYPER)))
+    runs[0][1]._flat.piece_policy = PiecePolicy(min_members=2, min_elements=1, first=40, min_piece=37)
     calls = count_calls(monkeypatch)
     for step in range(4):
         gen = torch.Generator().manual_seed(step)
@@ -189,5 +193,27 @@ def test_the_default_pieces_on_a_gpu_match_the_per_tensor_path(master_weights, m
                 else:
                     p.grad.copy_(g)  # kept: in the grad buffer since step 1
             opt.step()
-    assert calls["flat"] == 1 + 1 + 2 * 8  # steps 0-1 checked in full, 2-3 in the default 8 pieces
+    assert calls["flat"] == 1 + 1 + 2 * 8  # steps 0-1 checked whole, 2-3 in 8 pieces: 40, then runs of 38 (last 32)
     assert_same(*runs)
+
+
+def _set(members: int, elements: int, device: str):
+    """What PiecePolicy.bounds reads of a set: its members, and its weights buffer's device and size."""
+    weights = SimpleNamespace(device=torch.device(device), numel=lambda: elements)
+    return SimpleNamespace(members=(None,) * members, weights=weights)
+
+
+# (members, elements, device) -> the default policy's piece ends (None: one call)
+DEFAULT_CUTS = {
+    (1, 100_000_000, "cuda"): None,
+    (100, 100_000_000, "cuda"): None,  # a short check: nothing to hide
+    (2_000, 32_000, "cuda"): None,  # 2,000 tiny tensors: no device work to hide it behind
+    (1_000, 100_000_000, "cuda"): [64, 1_000],  # runs of at least 512: one (936) after the first
+    (10_000, 100_000_000, "cuda"): [64, 1_484, 2_904, 4_324, 5_744, 7_164, 8_584, 10_000],  # 8 at most: 7 of 1,420
+    (10_000, 100_000_000, "cpu"): None,  # the CPU kernel finishes before step() goes on
+}
+
+
+@pytest.mark.parametrize("members, elements, device", sorted(DEFAULT_CUTS))
+def test_the_default_policy_cuts_long_checks_of_large_sets_on_a_gpu_only(members, elements, device):
+    assert PiecePolicy().bounds(_set(members, elements, device)) == DEFAULT_CUTS[(members, elements, device)]

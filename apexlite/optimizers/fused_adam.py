@@ -224,13 +224,13 @@ class FusedAdam(ApexStyleOptimizer):
                                          call.copies, path=path, workspace=self._workspace, grad_scale=scale,
                                          found_inf=found, **hyper)
                 late += run.late
-            buckets = list(buckets.values())
+            per_tensor = list(buckets.values())
             if late:  # members a set stepped in pieces found unfit part-way (NOTE [flat grads])
                 late_buckets = self._buckets(late)
                 if store_unscaled:
                     self._check_unscaled_grads_writable([late_buckets])
-                buckets += late_buckets.values()
-            for bucket in buckets:
+                per_tensor += late_buckets.values()
+            for bucket in per_tensor:
                 bucket_scale = None if bucket.grads_unscaled else flag_on(grad_scale, bucket.device)
                 path = fused_adam_step(
                     bucket.params, bucket.grads, bucket.exp_avgs, bucket.exp_avg_sqs,

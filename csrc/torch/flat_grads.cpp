@@ -147,6 +147,16 @@ int same_group(PyObject* group_params, PyObject* known) {
   return same ? 1 : 0;
 }
 
+// The per-member tables the step's checks take, against the `count` members.
+void check_member_tables(const char* function, Py_ssize_t count, const at::Tensor& param_ptrs,
+                         const at::Tensor& offsets, PyObject* masters) {
+  TORCH_CHECK(param_ptrs.numel() == count && offsets.numel() == count && param_ptrs.is_contiguous() &&
+                  offsets.is_contiguous() && param_ptrs.scalar_type() == at::kLong && offsets.scalar_type() == at::kLong,
+              "apexlite._C.", function, ": param_ptrs and offsets must be contiguous int64 tensors of one entry per member");
+  TORCH_CHECK(masters == Py_None || (PyTuple_Check(masters) && PyTuple_GET_SIZE(masters) == count), "apexlite._C.",
+              function, ": masters must be None or a tuple of one tensor per member");
+}
+
 PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   HANDLE_TH_ERRORS
   PyObject *group_params, *known, *members, *masters, *param_ptrs_obj, *offsets_obj, *grad_like_obj;
@@ -161,13 +171,8 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   const at::Tensor& offset_tensor = THPVariable_Unpack(offsets_obj);
   const at::Tensor& grad_like = THPVariable_Unpack(grad_like_obj);
   const Py_ssize_t count = PyTuple_GET_SIZE(members);
-  TORCH_CHECK(param_ptrs.numel() == count && offset_tensor.numel() == count && param_ptrs.is_contiguous() &&
-                  offset_tensor.is_contiguous() && param_ptrs.scalar_type() == at::kLong &&
-                  offset_tensor.scalar_type() == at::kLong,
-              "apexlite._C.flat_grads: param_ptrs and offsets must be contiguous int64 tensors of one entry per member");
+  check_member_tables("flat_grads", count, param_ptrs, offset_tensor, masters);
   const bool with_masters = masters != Py_None;
-  TORCH_CHECK(!with_masters || (PyTuple_Check(masters) && PyTuple_GET_SIZE(masters) == count),
-              "apexlite._C.flat_grads: masters must be None or a tuple of one tensor per member");
   const int64_t* expected = param_ptrs.data_ptr<int64_t>();
   const int64_t* offsets = offset_tensor.data_ptr<int64_t>();
   const auto verdict = [](int reason) { return Py_BuildValue("iiO", status_of(reason), reason, Py_None); };
@@ -268,16 +273,10 @@ PyObject* flat_grads_in_place(PyObject* /*module*/, PyObject* args) {
   const at::Tensor& offset_tensor = THPVariable_Unpack(offsets_obj);
   const at::Tensor& grad_like = THPVariable_Unpack(grad_like_obj);
   const Py_ssize_t count = PyTuple_GET_SIZE(members);
-  TORCH_CHECK(param_ptrs.numel() == count && offset_tensor.numel() == count && param_ptrs.is_contiguous() &&
-                  offset_tensor.is_contiguous() && param_ptrs.scalar_type() == at::kLong &&
-                  offset_tensor.scalar_type() == at::kLong,
-              "apexlite._C.flat_grads_in_place: param_ptrs and offsets must be contiguous int64 tensors of one entry "
-              "per member");
+  check_member_tables("flat_grads_in_place", count, param_ptrs, offset_tensor, masters);
   TORCH_CHECK(0 <= begin && begin <= end && end <= count, "apexlite._C.flat_grads_in_place: members [", begin, ", ",
               end, ") is no range of the ", count, " members");
   const bool with_masters = masters != Py_None;
-  TORCH_CHECK(!with_masters || (PyTuple_Check(masters) && PyTuple_GET_SIZE(masters) == count),
-              "apexlite._C.flat_grads_in_place: masters must be None or a tuple of one tensor per member");
   TORCH_CHECK(flat_obj == Py_None || THPVariable_Check(flat_obj),
               "apexlite._C.flat_grads_in_place: flat must be None or the tensor an earlier call returned");
   if (begin == 0) {

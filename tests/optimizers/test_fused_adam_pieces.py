@@ -217,3 +217,19 @@ DEFAULT_CUTS = {
 @pytest.mark.parametrize("members, elements, device", sorted(DEFAULT_CUTS))
 def test_the_default_policy_cuts_long_checks_of_large_sets_on_a_gpu_only(members, elements, device):
     assert PiecePolicy().bounds(_set(members, elements, device)) == DEFAULT_CUTS[(members, elements, device)]
+
+
+@pytest.mark.parametrize("begin, end", [(5, 4), (0, len(SHAPES) + 1), (-1, 3)])
+def test_a_piece_outside_the_members_is_refused_by_both_checks(begin, end):
+    runs = _pieces_twins("kernel")
+    _first_steps(runs)
+    params, opt = runs[0]
+    flat_set = opt._flat._layouts[id(opt.param_groups[0])][1].sets[0]
+    args = (opt.param_groups[0]["params"], tuple(params), flat_set.members, flat_set.masters, flat_set.param_ptrs,
+            flat_set.offsets, flat_set.grad_like, flat_set.weights.numel(), flat_set.grad_start, begin, end, None)
+    checks = [_flat_grads.python_flat_grads_in_place]
+    if _flat_grads._native("flat_grads_in_place") is not None:
+        checks.append(_flat_grads._native("flat_grads_in_place"))
+    for check in checks:
+        with pytest.raises((ValueError, RuntimeError), match=rf"members \[{begin}, {end}\) is no range of the 12"):
+            check(*args)

@@ -27,7 +27,7 @@ class PiecePolicy:
     min_members: int = 1_000
     min_elements: int = 1 << 24
     first: int = 64
-    min_piece: int = 512
+    min_piece: int = 256
     max_pieces: int = 8
 
     def bounds(self, flat_set: "FlatSet") -> Optional[List[int]]:

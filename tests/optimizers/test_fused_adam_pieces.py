@@ -208,7 +208,7 @@ DEFAULT_CUTS = {
     (1, 100_000_000, "cuda"): None,
     (100, 100_000_000, "cuda"): None,  # a short check: nothing to hide
     (2_000, 32_000, "cuda"): None,  # 2,000 tiny tensors: no device work to hide it behind
-    (1_000, 100_000_000, "cuda"): [64, 1_000],  # runs of at least 512: one (936) after the first
+    (1_000, 100_000_000, "cuda"): [64, 376, 688, 1_000],  # runs of at least 256: three of 312 after the first
     (10_000, 100_000_000, "cuda"): [64, 1_484, 2_904, 4_324, 5_744, 7_164, 8_584, 10_000],  # 8 at most: 7 of 1,420
     (10_000, 100_000_000, "cpu"): None,  # the CPU kernel finishes before step() goes on
 }

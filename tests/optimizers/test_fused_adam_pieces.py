@@ -233,3 +233,22 @@ def test_a_piece_outside_the_members_is_refused_by_both_checks(begin, end):
     for check in checks:
         with pytest.raises((ValueError, RuntimeError), match=rf"members \[{begin}, {end}\) is no range of the 12"):
             check(*args)
+
+
+def test_a_refused_grad_after_the_first_piece_raises_after_the_pieces_before_it_stepped(grad_pass):
+    """The one difference from a set checked whole (docs/fused_adam.md): the error still comes, naming the
+    dtypes, but the pieces before the refused grad have stepped (a whole check refuses before any update)."""
+    if not hasattr(torch.Tensor, "grad_dtype"):
+        pytest.skip("this torch cannot attach a gradient of another dtype (no Tensor.grad_dtype)")
+    runs = _pieces_twins("kernel")
+    _first_steps(runs)
+    params, opt = runs[0]
+    before = [p.detach().clone() for p in params]
+    _keep(params, grads_for(params, torch.float32, 9))
+    params[LATE].grad = None
+    params[LATE].grad_dtype = torch.float64
+    params[LATE].grad = torch.ones(params[LATE].shape, dtype=torch.float64)
+    with pytest.raises(TypeError, match="float32, float16 and bfloat16"):
+        opt.step()
+    moved = [not torch.equal(p.detach(), old) for p, old in zip(params, before)]
+    assert moved == [True] * 7 + [False] * (len(SHAPES) - 7)  # pieces [0,2) [2,6) and [6,7) stepped

@@ -25,9 +25,10 @@ class FusedAdam(ApexStyleOptimizer):
     step in float32 math, matching ``torch.optim.Adam`` / ``AdamW`` to float32 rounding, on CPU and CUDA.
 
     Each param group's params and state live in a few flat buffers (one per device, dtypes and step
-    count), so a step is one kernel call per buffer whatever the number of tensors; the params stay
-    the same objects and ``state_dict()`` keeps torch's per-param format. ``flat_buffers=False``
-    keeps every tensor where it is (one call over tensor lists). Full notes: docs/fused_adam.md.
+    count), so a step is one kernel call per buffer (at most 8 on a GPU) whatever the number of tensors;
+    the params stay the same objects and ``state_dict()`` keeps torch's per-param format.
+    ``flat_buffers=False`` keeps every tensor where it is (one call over tensor lists). Full notes:
+    docs/fused_adam.md.
 
     Args:
         params, lr (1e-3), betas ((0.9, 0.999)), eps (1e-8), weight_decay (0): as torch.optim.Adam.

@@ -1,12 +1,14 @@
-"""The host cost of FusedAdam's per-step scan (apexlite._C.flat_grads) and zero_grad pass, per param.
+"""The host cost of FusedAdam's per-step scans (apexlite._C.flat_grads, and flat_grads_in_place, the check
+of a piece) and of its zero_grad pass, per param.
 
     python -m bench.bench_flat_scan [--members 2000 10000] [--calls 40]
     valgrind --tool=callgrind --cache-sim=yes --toggle-collect='*flat_grads*' \\
         python -m bench.bench_flat_scan --members 20000 --calls 10 --untimed
 
 Builds one flat buffer set of N tiny fp32 params (grads in the grad buffer, as after a step) and calls
-the scan directly: ``warm`` back to back, ``cold`` after sweeping a 64 MB buffer (as a training step's
-other work would), then zero_grad(set_to_none=False) the same way. Reports ns per param (medians).
+the scans directly: ``warm`` back to back, ``cold`` after sweeping a 64 MB buffer (as a training step's
+other work would), the piece check over all members as one piece, then zero_grad(set_to_none=False) the
+same way. Reports ns per param (medians).
 ``--untimed`` only makes the calls, for callgrind: instructions and simulated cache misses per param
 are its totals divided by members x (calls + 1) (the step that builds the set scans once too).
 """
@@ -32,7 +34,7 @@ def _set_up(members: int):
     layout = optimizer._flat._layouts[id(group)][1]
     flat_set = layout.sets[0]
     args = (group["params"], layout.known, flat_set.members, flat_set.masters, flat_set.param_ptrs, flat_set.offsets,
-            flat_set.grad_like, flat_set.weights.numel(), flat_set.grad_start, 0)
+            flat_set.grad_like, flat_set.weights.numel(), flat_set.grad_start)
     return optimizer, args
 
 
@@ -48,12 +50,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         optimizer, scan_args = _set_up(members)
         if args.untimed:
             for _ in range(args.calls):
-                _flat_grads.flat_grads(*scan_args)
+                _flat_grads.flat_grads(*scan_args, 0)
             continue
-        times = {"scan warm": [], "scan cold": [], "zero_grad warm": [], "zero_grad cold": []}
+        calls = {"scan": lambda: _flat_grads.flat_grads(*scan_args, 0),
+                 "piece check": lambda: _flat_grads.flat_grads_in_place(*scan_args, 0, members, None),
+                 "zero_grad": lambda: optimizer.zero_grad(set_to_none=False)}
+        times = {f"{name} {clock}": [] for name in calls for clock in ("warm", "cold")}
         for _ in range(args.calls):
-            for name, call in (("scan", lambda: _flat_grads.flat_grads(*scan_args)),
-                               ("zero_grad", lambda: optimizer.zero_grad(set_to_none=False))):
+            for name, call in calls.items():
                 sweep.add_(1)
                 for clock in ("cold", "warm"):
                     start = time.perf_counter()

@@ -66,6 +66,7 @@ class FlatSet:
     grad_start: int  # where the grad buffer starts in its storage, in elements
     watch: Watch = field(default_factory=Watch)
     piece_views: Dict[Tuple[int, int], Tuple[Optional[torch.Tensor], ...]] = field(default_factory=dict)  # _flat_runs
+    cuts: Optional[Tuple[Any, Optional[List[int]]]] = None  # (policy, its piece ends), PiecePolicy.bounds_of
 
 
 @dataclass
@@ -122,7 +123,7 @@ class FlatBuffers:
         rest = list(layout.outsiders)
         for flat_set in layout.sets:
             fresh_limit = MAX_FRESH_AVERAGE_CPU if flat_set.weights.is_cpu else 0
-            bounds = self.piece_policy.bounds(flat_set)
+            bounds = self.piece_policy.bounds_of(flat_set)
             if bounds is not None:
                 stop, grad = flat_grads_in_place(params, layout.known, flat_set.members, flat_set.masters,
                                                  flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,

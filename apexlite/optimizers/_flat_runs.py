@@ -30,6 +30,12 @@ class PiecePolicy:
     min_piece: int = 256
     max_pieces: int = 8
 
+    def bounds_of(self, flat_set: "FlatSet") -> Optional[List[int]]:
+        """:meth:`bounds`, worked out once per set and policy (neither its members nor its device change)."""
+        if flat_set.cuts is None or flat_set.cuts[0] is not self:
+            flat_set.cuts = (self, self.bounds(flat_set))
+        return flat_set.cuts[1]
+
     def bounds(self, flat_set: "FlatSet") -> Optional[List[int]]:
         """The end of each piece (member indices), or None when the set is stepped in one call."""
         count = len(flat_set.members)
@@ -79,7 +85,7 @@ class FlatRun(Protocol):
     """A set's calls for this step, and the members found unfit while they were made (``late``: they take
     the per-tensor path after the calls)."""
 
-    late: List[torch.Tensor]
+    late: Sequence[torch.Tensor]
 
     def __iter__(self) -> Iterator[FlatCall]: ...
 
@@ -87,12 +93,14 @@ class FlatRun(Protocol):
 class WholeRun:
     """A set checked in full before the step: one call."""
 
+    __slots__ = ("_calls",)
+    late: Tuple[torch.Tensor, ...] = ()
+
     def __init__(self, call: FlatCall) -> None:
-        self._call = call
-        self.late: List[torch.Tensor] = []
+        self._calls = (call,)
 
     def __iter__(self) -> Iterator[FlatCall]:
-        yield self._call
+        return iter(self._calls)
 
 
 class PiecewiseRun:

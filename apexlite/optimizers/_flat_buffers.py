@@ -37,8 +37,9 @@ import torch
 
 from apexlite._logging import get_logger
 from apexlite.optimizers import _adam_state as adam_state
-from apexlite.optimizers._flat_grads import (GROUP_CHANGED, MAX_FRESH_AVERAGE_CPU, NOT_IN_BUFFER, PARAMS_CHANGED, READY,
-                                             REASONS, REBUILD, flat_grads, flat_grads_in_place, flat_zero_grads)
+from apexlite.optimizers._flat_grads import (GROUP_CHANGED, MAX_FRESH_AVERAGE_CPU, MAX_FRESH_AVERAGE_CPU_AGAIN,
+                                             NOT_IN_BUFFER, PARAMS_CHANGED, READY, REASONS, REBUILD, flat_grads,
+                                             flat_grads_in_place, flat_zero_grads)
 from apexlite.optimizers._flat_memory import OwnedBuffers, alias, flattenable, move_into, new_buffer, repoint, start_of
 from apexlite.optimizers._flat_runs import FlatRun, PiecePolicy, PiecewiseRun, WholeRun, call_over
 from apexlite.optimizers._watched_state import Watch, WatchedState, WatchedStateMap
@@ -67,6 +68,7 @@ class FlatSet:
     watch: Watch = field(default_factory=Watch)
     piece_views: Dict[Tuple[int, int], Tuple[Optional[torch.Tensor], ...]] = field(default_factory=dict)  # _flat_runs
     cuts: Optional[Tuple[Any, Optional[List[int]]]] = None  # (policy, its piece ends), PiecePolicy.bounds_of
+    moved_fresh_grads: bool = False  # the last ready check moved fresh grads into the buffer (NOTE [flat grads])
 
 
 @dataclass
@@ -122,7 +124,8 @@ class FlatBuffers:
         runs: List[FlatRun] = []
         rest = list(layout.outsiders)
         for flat_set in layout.sets:
-            fresh_limit = MAX_FRESH_AVERAGE_CPU if flat_set.weights.is_cpu else 0
+            fresh_limit = 0 if not flat_set.weights.is_cpu else \
+                MAX_FRESH_AVERAGE_CPU_AGAIN if flat_set.moved_fresh_grads else MAX_FRESH_AVERAGE_CPU
             bounds = self.piece_policy.bounds_of(flat_set)
             if bounds is not None:
                 stop, grad = flat_grads_in_place(params, layout.known, flat_set.members, flat_set.masters,
@@ -139,6 +142,7 @@ class FlatBuffers:
                                               flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,
                                               flat_set.weights.numel(), flat_set.grad_start, fresh_limit)
             if status == READY:
+                flat_set.moved_fresh_grads = reason > 0  # (a ready answer's reason: how many grads moved)
                 runs.append(WholeRun(call_over(flat_set, grad)))
                 continue
             if status == REBUILD:

@@ -22,9 +22,12 @@ NOTE [flat grads]
   3.2 ns an element), against about 6.5 us a tensor for the per-tensor path reading them where they are.
   Whether the allocator maps fresh pages depends on what else the process allocates (in
   bench_adam_tensor_counts' rounds it did: about 3,900 faults a step at 1,000 x 4,000 floats, 1.5x torch's
-  fused step; alone in a loop, none: 0.53x). Copying pays twice over when grads are then kept (the
-  buffer is made once), so the limit is not set for the worst case. On a GPU the caching allocator
-  hands the buffer out at no cost and the copy runs at memory speed, so fresh grads move.
+  fused step; alone in a loop, none: 0.53x). Copying pays many times over when grads are then kept (the
+  buffer is made once): the limit is MAX_FRESH_AVERAGE_CPU. Fresh grads again right after a step that
+  moved fresh grads (a zero_grad(set_to_none=True) loop, where every step copies into a new buffer) meet
+  MAX_FRESH_AVERAGE_CPU_AGAIN, where a copy into page-faulting memory costs what the per-tensor path does.
+  On a GPU the caching allocator hands the buffer out at no cost and the copy runs at memory speed, so
+  fresh grads move.
 - Anything else sends the set down the per-tensor path for this step, with a reason (REASONS). A
   missing grad, a grad of another dtype, a replaced param or a changed param list also ask for the
   layout to be rebuilt (the step counters of the set may now differ; the buffers follow the params).
@@ -55,6 +58,7 @@ from apexlite.optimizers._adam_step import bump_versions
 
 READY, LIST_PATH, REBUILD = 0, 1, 2
 MAX_FRESH_AVERAGE_CPU = 8192  # elements: about where copying a fresh grad costs what the per-tensor path does
+MAX_FRESH_AVERAGE_CPU_AGAIN = 2048  # the same right after a step that moved fresh grads: a zero_grad(set_to_none) loop
 # indexed by the reason codes of csrc/torch/flat_grads.cpp
 REASONS = (
     "",
@@ -154,7 +158,7 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
         for i in moving:
             grads[i].set_(flat.untyped_storage(), starts[i], grads[i].shape, grads[i].stride())
     bump_versions(members)  # the kernel writes them through raw pointers
-    return READY, 0, flat
+    return READY, len(moving), flat
 
 
 def python_flat_grads_in_place(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
@@ -236,8 +240,9 @@ def flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, 
                param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
                shift: int, max_fresh_average: int = 0) -> Verdict:
     """(status, reason, flat grad): READY with the set's grads as one flat tensor (fresh ones moved
-    into it, member versions bumped), or LIST_PATH / REBUILD with an index into REASONS and nothing
-    changed but, maybe, version counters (a bump too many is harmless; the per-tensor path bumps them)."""
+    into it, member versions bumped) and, in the reason's place, how many grads moved; or LIST_PATH /
+    REBUILD with an index into REASONS and nothing changed but, maybe, version counters (a bump too
+    many is harmless; the per-tensor path bumps them)."""
     native = _native("flat_grads")
     run = native if native is not None else python_flat_grads
     return run(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, max_fresh_average)

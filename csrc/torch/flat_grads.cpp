@@ -11,6 +11,7 @@
 //   writes (autograd accumulation, the unscaled grads of a GradScaler step) land in the buffer;
 // * anything else (a missing grad, another dtype or layout, a grad other tensors share, a replaced
 //   param) is reported with a reason, and nothing has been changed.
+// A ready answer carries, in the reason's place, how many grads moved into the buffer.
 // Member params' version counters are bumped (the kernel writes them raw).
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -249,7 +250,7 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
     impl->set_storage_keep_dtype(flat.storage());
     impl->set_storage_offset(shift + moving_offsets[i]);
   }
-  return Py_BuildValue("iiN", kReady, kNone, THPVariable_Wrap(flat));
+  return Py_BuildValue("inN", kReady, static_cast<Py_ssize_t>(moving.size()), THPVariable_Wrap(flat));
   END_HANDLE_TH_ERRORS
 }
 

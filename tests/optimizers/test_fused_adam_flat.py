@@ -158,18 +158,34 @@ def test_a_first_step_without_grads_costs_no_rebuild(monkeypatch):
     assert all(float(opt.state[p]["step"]) == 3.0 for p in params)
 
 
-@pytest.mark.parametrize("size, flat_calls", [(_flat_grads.MAX_FRESH_AVERAGE_CPU, 3),
-                                               (_flat_grads.MAX_FRESH_AVERAGE_CPU + 1, 0)], ids=["copied", "read-in-place"])
-def test_large_fresh_cpu_grads_are_read_in_place(grad_pass, monkeypatch, size, flat_calls):
+# fresh grads of this many floats each, every step or only at the first -> flat calls of 4 steps
+LARGE_FRESH_CPU = {
+    "copied-every-step": (_flat_grads.MAX_FRESH_AVERAGE_CPU_AGAIN, True, 4),
+    # moved at the first step; fresh again right after: a set_to_none loop, read in place from then on
+    "copied-once-in-a-set-to-none-loop": (_flat_grads.MAX_FRESH_AVERAGE_CPU_AGAIN + 1, True, 1),
+    "copied-once-then-read-in-place": (_flat_grads.MAX_FRESH_AVERAGE_CPU, True, 1),
+    "read-in-place": (_flat_grads.MAX_FRESH_AVERAGE_CPU + 1, True, 0),
+    # moved at the first step, then kept in the buffer (set_to_none=False, accumulation): flat throughout
+    "copied-once-then-kept": (_flat_grads.MAX_FRESH_AVERAGE_CPU, False, 4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LARGE_FRESH_CPU))
+def test_large_fresh_cpu_grads_are_read_in_place(grad_pass, monkeypatch, case):
+    size, fresh_every_step, flat_calls = LARGE_FRESH_CPU[case]
     runs = twins(shapes=[(size,), (size,)])
     calls = count_calls(monkeypatch)
-    for step in range(3):
+    for step in range(4):
         grads = grads_for(runs[0][0], torch.float32, step)
         for params, opt in runs:
-            set_grads(params, grads)
+            if fresh_every_step or step == 0:
+                set_grads(params, grads)
+            else:
+                for p, g in zip(params, grads):
+                    p.grad.copy_(g)
             opt.step()
     assert_same(*runs)
-    assert calls == {"flat": flat_calls, "lists": 3 + 3 - flat_calls}  # (the twin takes the per-tensor path)
+    assert calls == {"flat": flat_calls, "lists": 4 + 4 - flat_calls}  # (the twin takes the per-tensor path)
 
 
 def test_grads_keep_their_identity_and_live_in_the_buffer(grad_pass):

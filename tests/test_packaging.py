@@ -86,7 +86,8 @@ def test_plain_pip_install_compiles_the_kernels_on_first_use(tmp_path):
     steps = len(build_plan.cpu_sources(ROOT / "csrc")) + 1  # each object file, then the link
     done = re.findall(rf"^apexlite: compiling apexlite's CPU kernels and O1 casts: (\d+) of {steps} steps done after "
                       r"\d+ s", first.stderr, re.M)
-    assert done and all(0 < int(d) < steps for d in done), first.stderr  # each source takes seconds: a step is said
+    counts = [int(d) for d in done]  # reports every few seconds; on a loaded machine the first may still say 0
+    assert counts and counts == sorted(counts) and 0 < counts[-1] < steps and counts[0] >= 0, first.stderr
     assert "failed" not in said.lower()
     [build] = json.loads((tmp_path / "extensions" / "apexlite" / "build_times.json").read_text())
     assert build["library"] == "cpu" and build["cpu_seconds"] > 5 and build["torch"] == torch.__version__

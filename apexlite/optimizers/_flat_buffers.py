@@ -15,8 +15,9 @@ NOTE [flat buffers]
   (views, tensor subclasses such as DTensor or FSDP's flat params, strided slices) take the
   per-tensor path. The grads: NOTE [flat grads] in _flat_grads.py.
 - Checked each step at no Python cost per param (apexlite._C.flat_grads): the group's params list, each
-  param's memory, each grad; a large set on a GPU in pieces, each launched once checked (_flat_runs.py). The state is watched (_watched_state.py): replacing a member's entries,
-  its state dict or the optimizer's ``state`` rebuilds the layout from the tensors then in place.
+  param's memory, each grad; a large set on a GPU in pieces, each launched once checked (_flat_runs.py).
+  The state is watched (_watched_state.py): replacing a member's entries, its state dict or the
+  optimizer's ``state`` rebuilds the layout from the tensors then in place.
   A param without grad, a grad of another dtype, a replaced ``.data`` (``model.half()``) or a changed
   params list send the step down the per-tensor path once and rebuild the layout at the next step,
   re-reading the step counters (one host sync). A group that still changes after MAX_REBUILDS

@@ -35,9 +35,9 @@ NOTE [flat grads]
 - A large set on a GPU is checked and stepped in pieces (:func:`flat_grads_in_place`, used by
   _flat_runs.py): while every member so far is exactly as the set left it (param in place, grad in
   place in the buffer), each checked piece is launched at once, so the device works while the host
-  checks the next. The first member that is not sends the rest of the set down the per-tensor path
-  for this step (its grads are then validated after the pieces before it have stepped: an error
-  there leaves those pieces stepped), and the set's next step takes the full check again.
+  checks the next. At the first member that is not, the rest of the set takes the full check (one
+  launch, fresh grads moved in) or the per-tensor path, whose grads are validated after the pieces
+  before them have stepped: an error there leaves those pieces stepped.
 
 - zero_grad (:func:`flat_zero_grads`) clears a set in one pass too: set_to_none drops each member's
   grad; kept grads that all lie in the set's grad buffer are zeroed by one fill, each grad's version
@@ -89,6 +89,13 @@ def _use_count(storage: torch.UntypedStorage) -> int:
 def _same_layout(grad: torch.Tensor, param: torch.Tensor) -> bool:
     return grad.shape == param.shape and all(
         g == p for size, g, p in zip(param.shape, grad.stride(), param.stride()) if size > 1)
+
+
+def _lies_at(grad: Optional[torch.Tensor], param: torch.Tensor, dtype: torch.dtype, start: int) -> bool:
+    """A grad where a set's grad buffer holds it: of ``dtype``, dense, on its param's device, laid out like it
+    from element ``start`` of its storage (the storage itself is checked by the caller)."""
+    return grad is not None and grad.dtype == dtype and grad.layout == torch.strided and \
+        grad.device == param.device and grad.storage_offset() == start and _same_layout(grad, param)
 
 
 def _movable(grad: torch.Tensor) -> bool:
@@ -177,9 +184,7 @@ def python_flat_grads_in_place(group_params: Sequence[torch.Tensor], known: Tupl
     while stop < end:
         param = members[stop]
         grad = param.grad
-        if param.data_ptr() != expected[stop] or grad is None or grad.dtype != grad_like.dtype or \
-                grad.layout != torch.strided or grad.device != param.device or \
-                grad.storage_offset() != starts[stop] or not _same_layout(grad, param) or \
+        if param.data_ptr() != expected[stop] or not _lies_at(grad, param, grad_like.dtype, starts[stop]) or \
                 (masters is not None and masters[stop].grad is not None):
             break
         storage = grad.untyped_storage()
@@ -212,9 +217,7 @@ def python_flat_zero_grads(group_params: Sequence[torch.Tensor], known: Tuple[to
     buffer: Optional[torch.UntypedStorage] = None
     for param, start in zip(members, (shift + offset for offset in offsets.tolist())):
         grad = param.grad
-        if grad is None or grad.dtype != grad_like.dtype or grad.layout != torch.strided or \
-                grad.device != param.device or grad.requires_grad or grad.storage_offset() != start or \
-                not _same_layout(grad, param):
+        if not _lies_at(grad, param, grad_like.dtype, start) or grad.requires_grad:
             return NOT_IN_BUFFER
         storage = grad.untyped_storage()
         if buffer is None and storage.nbytes() == (shift + total) * grad.element_size():

@@ -58,6 +58,13 @@ bool same_layout(const at::Tensor& grad, const at::Tensor& param) {
   return true;
 }
 
+// A grad defined, of `dtype`, dense, on its param's device and laid out like it from element `start` of
+// its storage: where a set's grad buffer holds it (the storage itself is checked by the caller).
+bool lies_at(const at::Tensor& grad, const at::Tensor& param, at::ScalarType dtype, int64_t start) {
+  return grad.defined() && grad.scalar_type() == dtype && grad.layout() == at::kStrided &&
+         grad.device() == param.device() && grad.storage_offset() == start && same_layout(grad, param);
+}
+
 // A param's .grad as its autograd metadata holds it. Tensor::grad() would also check, on every call,
 // whether a missing grad deserves a warning (a non-leaf tensor's): about a third of the scan's work.
 const at::Tensor& grad_of(const at::Tensor& param) { return param.unsafeGetTensorImpl()->grad(); }
@@ -296,10 +303,7 @@ PyObject* flat_grads_in_place(PyObject* /*module*/, PyObject* args) {
     const at::Tensor& param = THPVariable_Unpack(PyTuple_GET_ITEM(members, stop));
     if (address_of(param) != expected[stop]) break;
     const at::Tensor& grad = grad_of(param);
-    if (!grad.defined() || grad.scalar_type() != grad_like.scalar_type() || grad.layout() != at::kStrided ||
-        grad.device() != param.device() || grad.storage_offset() != shift + offsets[stop] || !same_layout(grad, param)) {
-      break;
-    }
+    if (!lies_at(grad, param, grad_like.scalar_type(), shift + offsets[stop])) break;
     if (with_masters && grad_of(THPVariable_Unpack(PyTuple_GET_ITEM(masters, stop))).defined()) break;
     const c10::Storage& storage = grad.storage();
     if (!buffer) {
@@ -350,9 +354,7 @@ PyObject* flat_zero_grads(PyObject* /*module*/, PyObject* args) {
   for (Py_ssize_t i = 0; i < count; ++i) {
     const at::Tensor& param = THPVariable_Unpack(PyTuple_GET_ITEM(members, i));
     const at::Tensor& grad = grad_of(param);
-    if (!grad.defined() || grad.scalar_type() != grad_like.scalar_type() || grad.layout() != at::kStrided ||
-        grad.device() != param.device() || grad.requires_grad() || grad.storage_offset() != shift + offsets[i] ||
-        !same_layout(grad, param)) {
+    if (!lies_at(grad, param, grad_like.scalar_type(), shift + offsets[i]) || grad.requires_grad()) {
       return PyLong_FromLong(1);
     }
     const c10::Storage& storage = grad.storage();

@@ -252,3 +252,50 @@ def test_a_refused_grad_after_the_first_piece_raises_after_the_pieces_before_it_
         opt.step()
     moved = [not torch.equal(p.detach(), old) for p, old in zip(params, before)]
     assert moved == [True] * 7 + [False] * (len(SHAPES) - 7)  # pieces [0,2) [2,6) and [6,7) stepped
+
+
+def _laid_out_params():
+    """12 params in pieces [0,2) [2,6) [6,10) [10,12): channels_last conv weights, transposed matrices, plain."""
+    gen = torch.Generator().manual_seed(3)
+    params = []
+    for index in range(12):
+        if index % 3 == 0:
+            tensor = torch.randn(4, 3, 3, 3, generator=gen).to(memory_format=torch.channels_last)
+        elif index % 3 == 1:
+            tensor = torch.randn(5, 4 + index, generator=gen).t()
+        else:
+            tensor = torch.randn(3, 7, generator=gen)
+        params.append(torch.nn.Parameter(tensor))
+    return params
+
+
+def _expand_one(params, grads):
+    """An expanded grad (stride 0, read-only memory) after the first piece: not laid out like its param."""
+    _keep(params, grads)
+    params[8].grad = grads[8][:1].expand_as(params[8]).clone().as_strided(params[8].shape, (0, 1))
+
+
+@pytest.mark.parametrize("change", ["kept", "expanded"])
+def test_pieces_over_channels_last_transposed_and_expanded_layouts(grad_pass, change, monkeypatch):
+    runs = []
+    for flat in (True, False):
+        params = _laid_out_params()
+        runs.append((params, FusedAdam(params, flat_buffers=flat, **HYPER)))
+    runs[0][1]._flat.piece_policy = POLICY
+    assert runs[0][0][0].is_contiguous(memory_format=torch.channels_last) and not runs[0][0][1].is_contiguous()
+    calls = count_calls(monkeypatch)
+    for step in range(4):
+        grads = [torch.randn_like(p, memory_format=torch.preserve_format) for p in runs[0][0]]
+        for params, opt in runs:
+            if step == 0:
+                for p, g in zip(params, grads):
+                    p.grad = g.clone(memory_format=torch.preserve_format)
+            elif step == 3 and change == "expanded":
+                _expand_one(params, grads)
+            else:
+                _keep(params, grads)
+            opt.step()
+    assert_same(*runs)
+    assert runs[0][0][0].is_contiguous(memory_format=torch.channels_last)  # layouts kept in the buffers
+    # step 0 checked whole; steps 1-2 in 4 pieces; step 3: 4 pieces, or [0,2) [2,6) [6,8) then the rest per tensor
+    assert calls["flat"] == 1 + 2 * PIECES + (PIECES if change == "kept" else 3)

@@ -2,10 +2,11 @@
 // role, whatever number of params the buffers hold: one launch, no per-tensor table, then one small
 // launch that advances the step counters. Each thread takes kVec consecutive elements per loop turn
 // with one vector load or store per buffer (16 bytes of fp16/bf16, 2 x 16 of float32) and walks the
-// buffers grid-stride, with a grid of a few blocks per SM. Buffers that all start the same number of
-// elements past a vector boundary (a range of a set's buffers: FusedAdam launches a set in pieces, so
-// the device starts while the host still checks the rest) take their first elements one at a time,
-// the rest in vectors; buffers misaligned unequally take the whole loop one element at a time.
+// buffers grid-stride, with a grid of as many blocks as the device holds at once (one wave). Buffers
+// that all start the same number of elements past a vector boundary (a range of a set's buffers:
+// FusedAdam launches a set in pieces, so the device starts while the host still checks the rest) take
+// their first elements one at a time, the rest in vectors; buffers misaligned unequally take the whole
+// loop one element at a time.
 // Also compiles as host C++ (APEXLITE_CUDA_HOST_EMULATION, see host_emulation.h) for the cuda_host tests.
 #include <cstdint>
 #include <type_traits>
@@ -22,7 +23,6 @@ namespace {
 
 constexpr int kFlatBlockSize = 256;  // threads per block
 constexpr int kVec = 8;              // consecutive elements per thread per loop turn
-constexpr int kBlocksPerSm = 8;      // grid size: enough resident warps to keep HBM busy, then grid-stride
 constexpr int kStepBlockSize = 256;
 
 template <typename T>
@@ -125,31 +125,53 @@ int64_t common_head(const AdamFlatBuffers& b) {
   return head < b.numel ? head : b.numel;
 }
 
-int grid_limit() {
+// The device's multiprocessors (1024 blocks' worth when the runtime does not say).
+int multiprocessors() {
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
     return 1024;
   }
-  return sms * kBlocksPerSm;
+  return sms;
+}
+
+// Launches one instance of the kernel with a grid of at most one wave: as many blocks as the device
+// holds at once, its multiprocessors times the blocks one of them fits (registers decide: the float32
+// vector kernel's 72 a thread leave room for 3 blocks of 256 threads, asked once per instance). Every
+// block has the same share of a grid-stride walk, so a larger grid runs in waves whose last is partly
+// idle (8 blocks a multiprocessor, as before, made waves of 3, 3 and 2).
+template <typename P, typename G, typename M, typename C, AdamMode kMode, int kWidth>
+cudaError_t launch_one_wave(const AdamFlatBuffers& b, const AdamHyper& hyper, const float* grad_scale,
+                            const float* found_inf, bool store_grads, int64_t head, cudaStream_t stream) {
+  const auto kernel = fused_adam_flat_kernel<P, G, M, C, kMode, kWidth>;
+  static const int per_sm = [&] {
+    int blocks = 0;
+    const cudaError_t error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kFlatBlockSize, 0);
+    return error == cudaSuccess && blocks > 0 ? blocks : 1;
+  }();
+  const int64_t units = (b.numel - head) / kWidth, wave = static_cast<int64_t>(multiprocessors()) * per_sm;
+  const int64_t wanted = (units + kFlatBlockSize - 1) / kFlatBlockSize;
+  const int blocks = static_cast<int>(wanted < 1 ? 1 : (wanted < wave ? wanted : wave));
+  return launch_kernel(kernel, blocks, kFlatBlockSize, stream, b, hyper, grad_scale, found_inf, store_grads, head);
+}
+
+template <typename P, typename G, typename M, typename C, int kWidth>
+cudaError_t launch_mode(const AdamFlatBuffers& b, const AdamHyper& hyper, AdamMode mode, const float* grad_scale,
+                        const float* found_inf, int64_t head, cudaStream_t stream) {
+  const bool store_grads = b.unscale_grads && grad_scale != nullptr;
+  return mode == AdamMode::kDecoupled
+             ? launch_one_wave<P, G, M, C, AdamMode::kDecoupled, kWidth>(b, hyper, grad_scale, found_inf,
+                                                                         store_grads, head, stream)
+             : launch_one_wave<P, G, M, C, AdamMode::kL2, kWidth>(b, hyper, grad_scale, found_inf, store_grads,
+                                                                  head, stream);
 }
 
 template <typename P, typename G, typename M, typename C>
 cudaError_t launch_typed(const AdamFlatBuffers& b, const AdamHyper& hyper, AdamMode mode, const float* grad_scale,
                          const float* found_inf, cudaStream_t stream) {
-  const bool store_grads = b.unscale_grads && grad_scale != nullptr;
   const int64_t head = common_head<P, G, M, C>(b);
-  const bool vectors = head >= 0;
-  const int64_t units = vectors ? (b.numel - head) / kVec : b.numel;
-  const int64_t wanted = (units + kFlatBlockSize - 1) / kFlatBlockSize, limit = grid_limit();
-  const int blocks = static_cast<int>(wanted < 1 ? 1 : (wanted < limit ? wanted : limit));
-  const bool decoupled = mode == AdamMode::kDecoupled;
-  const auto kernel = vectors ? (decoupled ? fused_adam_flat_kernel<P, G, M, C, AdamMode::kDecoupled, kVec>
-                                           : fused_adam_flat_kernel<P, G, M, C, AdamMode::kL2, kVec>)
-                              : (decoupled ? fused_adam_flat_kernel<P, G, M, C, AdamMode::kDecoupled, 1>
-                                           : fused_adam_flat_kernel<P, G, M, C, AdamMode::kL2, 1>);
-  return launch_kernel(kernel, blocks, kFlatBlockSize, stream, b, hyper, grad_scale, found_inf, store_grads,
-                       vectors ? head : int64_t{0});
+  return head < 0 ? launch_mode<P, G, M, C, 1>(b, hyper, mode, grad_scale, found_inf, 0, stream)  // one at a time
+                  : launch_mode<P, G, M, C, kVec>(b, hyper, mode, grad_scale, found_inf, head, stream);
 }
 
 }  // namespace

@@ -26,9 +26,11 @@ using cudaError_t = cudaError;
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
 
-// --- device queries: one device with kEmulatedSms multiprocessors ----------------------------------
+// --- device queries: one device with kEmulatedSms multiprocessors, each holding kEmulatedBlocksPerSm
+// blocks of any kernel at once (as registers would allow) -----------------------------------------
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
-constexpr int kEmulatedSms = 4;  // small, so that grid-stride loops take several turns in the tests
+constexpr int kEmulatedSms = 4;          // small, so that grid-stride loops take several turns in the tests
+constexpr int kEmulatedBlocksPerSm = 2;  // a one-wave grid is 8 blocks
 inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
@@ -36,6 +38,12 @@ inline cudaError_t cudaGetDevice(int* device) {
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int /*device*/) {
   if (attribute != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
   *value = kEmulatedSms;
+  return cudaSuccess;
+}
+template <typename Kernel>
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel /*kernel*/, int /*block_size*/,
+                                                                 size_t /*shared_bytes*/) {
+  *blocks = kEmulatedBlocksPerSm;
   return cudaSuccess;
 }
 

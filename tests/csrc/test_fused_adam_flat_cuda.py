@@ -18,7 +18,7 @@ from tests.csrc.test_fused_adam_flat_op import DTYPE_COMBOS, HYPER, _bits, flat_
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-# 3 x 2^20 + 5 elements: several grid-stride turns on any GPU (8 blocks of 256 threads x 8 per SM), a tail
+# 3 x 2^20 + 5 elements: several grid-stride turns on any GPU (a grid of one wave of 256-thread blocks), a tail
 NUMELS = [1, 3 << 20, 4] + [1] * 300
 
 

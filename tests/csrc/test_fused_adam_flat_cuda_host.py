@@ -28,8 +28,9 @@ pytestmark = [
     pytest.mark.skipif(not _ext.kernels_available("cpu"), reason="compiled CPU kernel (the oracle) not built"),
 ]
 
-BLOCK, VEC, EMULATED_SMS, BLOCKS_PER_SM = 256, 8, 4, 8  # fused_adam_flat.cu, host_emulation.h
-GRID_LIMIT = EMULATED_SMS * BLOCKS_PER_SM
+BLOCK, VEC = 256, 8  # fused_adam_flat.cu
+EMULATED_SMS, EMULATED_BLOCKS_PER_SM = 4, 2  # host_emulation.h
+GRID_LIMIT = EMULATED_SMS * EMULATED_BLOCKS_PER_SM  # one wave
 # a buffer of 3 full grid turns of vectors and a 5-element tail; 17 params of it, so counters span launches' blocks
 NUMELS = [3, 1000, 3 * GRID_LIMIT * BLOCK * VEC - 1000 - 3 + 5 - 13 * 7] + [7] * 13
 

@@ -139,7 +139,7 @@ int multiprocessors() {
 // holds at once, its multiprocessors times the blocks one of them fits (registers decide: the float32
 // vector kernel's 72 a thread leave room for 3 blocks of 256 threads, asked once per instance). Every
 // block has the same share of a grid-stride walk, so a larger grid runs in waves whose last is partly
-// idle (8 blocks a multiprocessor, as before, made waves of 3, 3 and 2).
+// idle (8 blocks a multiprocessor would run as waves of 3, 3 and 2).
 template <typename P, typename G, typename M, typename C, AdamMode kMode, int kWidth>
 cudaError_t launch_one_wave(const AdamFlatBuffers& b, const AdamHyper& hyper, const float* grad_scale,
                             const float* found_inf, bool store_grads, int64_t head, cudaStream_t stream) {

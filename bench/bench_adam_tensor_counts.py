@@ -22,9 +22,10 @@ Cases (AdamW, lr 1e-3, weight decay 0.01, fp32):
 * ``FusedAdam fresh grads`` / ``torch fused fresh grads``: a new ``.grad`` tensor per param before every
   step (made outside the timing, as backward makes them), and the timing covers the step and then
   ``zero_grad(set_to_none=True)``: what an optimizer costs per iteration in torch's default loop. FusedAdam
-  copies fresh grads into its buffer and frees their memory in the step, then drops views of one buffer;
-  torch steps on them where they are and frees each grad in zero_grad. Timing the step alone would
-  charge the N frees to FusedAdam and leave torch's out;
+  moves the first step's fresh grads into its grad buffer and, with its own kernels, reads the later
+  ones where they are (NOTE [flat grads]; torch's fused ops, its fallback, move them every step); torch
+  steps on them where they are. Either frees the grads in zero_grad, or in the step where they move, so
+  the step and zero_grad are timed together;
 * ``FusedAdam lists``: ``FusedAdam(flat_buffers=False)``, the per-tensor path (apexlite before flat buffers);
 * ``torch fused`` / ``torch foreach``: ``torch.optim.AdamW(fused=True)`` / ``(foreach=True)``;
 * ``copy roofline``: one device copy moving 28 bytes per param (read 14, write 14): an Adam step must

@@ -14,7 +14,7 @@ Paths (``implementation``):
 from __future__ import annotations
 
 import functools
-from typing import Iterable, List, Optional, Union
+from typing import Iterable, List, Optional, Tuple, Union
 
 import torch
 
@@ -146,6 +146,15 @@ def fused_adam_flat_step(
     _torch_fused.torch_fused_adam_step(
         [param], [grad], [exp_avg], [exp_avg_sq], [steps[:1]], [] if model_copy is None else [model_copy],
         counters=[steps], workspace=workspace, **hyper)
+
+
+def fused_adam_flat_grad_list_step(param: torch.Tensor, grads: Tuple[torch.Tensor, ...], offsets: torch.Tensor,
+                                   exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, steps: torch.Tensor,
+                                   model_copy: Optional[torch.Tensor], **hyper) -> None:
+    """One step over flat buffers with each member's grad read where it is (the
+    ``apexlite::fused_adam_flat_grad_list_`` contract, ``csrc/torch/ops.cpp``): apexlite's kernels only."""
+    torch.ops.apexlite.fused_adam_flat_grad_list_(param, grads, offsets, exp_avg, exp_avg_sq, steps, model_copy,
+                                                  **hyper)
 
 
 def flag_on(value: Union[None, float, torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:

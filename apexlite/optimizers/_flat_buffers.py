@@ -38,9 +38,9 @@ import torch
 
 from apexlite._logging import get_logger
 from apexlite.optimizers import _adam_state as adam_state
-from apexlite.optimizers._flat_grads import (GROUP_CHANGED, MAX_FRESH_AVERAGE_CPU, MAX_FRESH_AVERAGE_CPU_AGAIN,
-                                             NOT_IN_BUFFER, PARAMS_CHANGED, READY, REASONS, REBUILD, flat_grads,
-                                             flat_grads_in_place, flat_zero_grads)
+from apexlite.optimizers._flat_grads import (GROUP_CHANGED, NOT_IN_BUFFER, PARAMS_CHANGED, READ_IN_PLACE, READY,
+                                             REASONS, REBUILD, fresh_grad_policy, flat_grads, flat_grads_in_place,
+                                             flat_zero_grads)
 from apexlite.optimizers._flat_memory import OwnedBuffers, alias, flattenable, move_into, new_buffer, repoint, start_of
 from apexlite.optimizers._flat_runs import FlatRun, PiecePolicy, PiecewiseRun, WholeRun, call_over
 from apexlite.optimizers._watched_state import Watch, WatchedState, WatchedStateMap
@@ -69,7 +69,7 @@ class FlatSet:
     watch: Watch = field(default_factory=Watch)
     piece_views: Dict[Tuple[int, int], Tuple[Optional[torch.Tensor], ...]] = field(default_factory=dict)  # _flat_runs
     cuts: Optional[Tuple[Any, Optional[List[int]]]] = None  # (policy, its piece ends), PiecePolicy.bounds_of
-    moved_fresh_grads: bool = False  # the last ready check moved fresh grads into the buffer (NOTE [flat grads])
+    had_fresh_grads: bool = False  # the last ready check found fresh grads (moved or read in place: NOTE [flat grads])
 
 
 @dataclass
@@ -114,10 +114,11 @@ class FlatBuffers:
         """Forget every layout (state loaded or replaced): the next step builds from the tensors then."""
         self._layouts.clear()
 
-    def plan(self, optimizer: torch.optim.Optimizer, group: Dict[str, Any],
-             has_fused_path: Callable[[torch.device], bool]) -> Tuple[List[FlatRun], List[torch.Tensor]]:
+    def plan(self, optimizer: torch.optim.Optimizer, group: Dict[str, Any], has_fused_path: Callable[[torch.device], bool],
+             has_kernel: Callable[[torch.device], bool]) -> Tuple[List[FlatRun], List[torch.Tensor]]:
         """This step's flat runs for ``group`` (each yields its calls as it is iterated), and the params
-        that take the per-tensor path."""
+        that take the per-tensor path. ``has_kernel``: whether apexlite's kernels (which can read fresh
+        grads where they are) step params on a device."""
         params = group["params"]
         if not self.enabled or self._rebuilds.get(id(group), 0) > MAX_REBUILDS:
             return [], list(params)
@@ -125,8 +126,8 @@ class FlatBuffers:
         runs: List[FlatRun] = []
         rest = list(layout.outsiders)
         for flat_set in layout.sets:
-            fresh_limit = 0 if not flat_set.weights.is_cpu else \
-                MAX_FRESH_AVERAGE_CPU_AGAIN if flat_set.moved_fresh_grads else MAX_FRESH_AVERAGE_CPU
+            device = flat_set.weights.device
+            fresh_limit, grad_reads = fresh_grad_policy(device, has_kernel(device), flat_set.had_fresh_grads)
             bounds = self.piece_policy.bounds_of(flat_set)
             if bounds is not None:
                 stop, grad = flat_grads_in_place(params, layout.known, flat_set.members, flat_set.masters,
@@ -136,15 +137,16 @@ class FlatBuffers:
                     self._rebuild_later(group, layout, GROUP_CHANGED)
                     return [], list(params)
                 if stop > 0:
+                    flat_set.had_fresh_grads = False  # (its first piece's grads were kept)
                     runs.append(PiecewiseRun(params, layout.known, flat_set, bounds, stop, grad, fresh_limit,
                                              lambda reason: self._rebuild_later(group, layout, reason)))
                     continue
-            status, reason, grad = flat_grads(params, layout.known, flat_set.members, flat_set.masters,
-                                              flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,
-                                              flat_set.weights.numel(), flat_set.grad_start, fresh_limit)
-            if status == READY:
-                flat_set.moved_fresh_grads = reason > 0  # (a ready answer's reason: how many grads moved)
-                runs.append(WholeRun(call_over(flat_set, grad)))
+            status, reason, grads = flat_grads(params, layout.known, flat_set.members, flat_set.masters,
+                                               flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,
+                                               flat_set.weights.numel(), flat_set.grad_start, fresh_limit, grad_reads)
+            if status in (READY, READ_IN_PLACE):
+                flat_set.had_fresh_grads = reason > 0  # (a ready answer's reason: how many grads were fresh)
+                runs.append(WholeRun(call_over(flat_set, grads)))
                 continue
             if status == REBUILD:
                 self._rebuild_later(group, layout, reason)

@@ -17,17 +17,21 @@ NOTE [flat grads]
   views, not made by ``.detach()``/``.data``); the buffer takes fresh grads only when no tensor but
   the member grads references it (a grad a caller kept from an earlier step keeps its values), else
   all grads move to a new buffer.
-- On the CPU, fresh grads averaging more than MAX_FRESH_AVERAGE_CPU elements are not copied: the copy
-  costs about 0.5 ns an element, and a new CPU buffer may cost a page fault per 4 KB page besides (about
-  3.2 ns an element), against about 6.5 us a tensor for the per-tensor path reading them where they are.
-  Whether the allocator maps fresh pages depends on what else the process allocates (in
-  bench_adam_tensor_counts' rounds it did: about 3,900 faults a step at 1,000 x 4,000 floats, 1.5x torch's
-  fused step; alone in a loop, none: 0.53x). Copying pays many times over when grads are then kept (the
-  buffer is made once): the limit is MAX_FRESH_AVERAGE_CPU. Fresh grads again right after a step that
-  moved fresh grads (a zero_grad(set_to_none=True) loop, where every step copies into a new buffer) meet
-  MAX_FRESH_AVERAGE_CPU_AGAIN, where a copy into page-faulting memory costs what the per-tensor path does.
-  On a GPU the caching allocator hands the buffer out at no cost and the copy runs at memory speed, so
-  fresh grads move.
+- Fresh grads again right after a step that found fresh grads (a zero_grad(set_to_none=True) loop,
+  where a copy would be paid every step, into a new buffer) are read where they are when apexlite's
+  kernels step the set (READ_FRESH): ``apexlite::fused_adam_flat_grad_list_`` takes the flat buffers and
+  the grads as a list, one launch per 32 grads on a GPU, one pass on the CPU, and nothing is copied
+  or re-pointed. So the first step of a set_to_none loop moves its grads (a loop that then keeps them
+  copies nothing from then on) and the later ones read them in place; once read in place, kept grads
+  are read there too (they are not in the buffer). Only fresh grads that could move (memory of their
+  own, no other tensor on it) are read in place; the others take the per-tensor path as before.
+- On the CPU, fresh grads averaging more than MAX_FRESH_AVERAGE_CPU elements are not copied even once
+  (READ_LARGE_FRESH): the copy costs about 0.5 ns an element, and a new CPU buffer may cost a page fault
+  per 4 KB page besides (about 3.2 ns an element; in bench_adam_tensor_counts' rounds about 3,900 faults
+  a step at 1,000 x 4,000 floats). Without apexlite's kernels (torch's fused ops need one grad buffer)
+  such grads take the per-tensor path, at about 6.5 us a tensor, and fresh grads right after a step
+  that moved fresh grads move again only up to MAX_FRESH_AVERAGE_CPU_AGAIN elements on average. On a
+  GPU the caching allocator hands a buffer out at no cost and the copy runs at memory speed.
 - Anything else sends the set down the per-tensor path for this step, with a reason (REASONS). A
   missing grad, a grad of another dtype, a replaced param or a changed param list also ask for the
   layout to be rebuilt (the step counters of the set may now differ; the buffers follow the params).
@@ -56,7 +60,10 @@ import torch
 from apexlite._native import loader as _ext
 from apexlite.optimizers._adam_step import bump_versions
 
-READY, LIST_PATH, REBUILD = 0, 1, 2
+READY, LIST_PATH, REBUILD, READ_IN_PLACE = 0, 1, 2, 3
+# grad_reads: when fresh grads are read where they are (apexlite::fused_adam_flat_grad_list_) instead of
+# moving into the grad buffer; as GradReads in csrc/torch/flat_grads.cpp
+MOVE_FRESH, READ_LARGE_FRESH, READ_FRESH = 0, 1, 2
 MAX_FRESH_AVERAGE_CPU = 8192  # elements: about where copying a fresh grad costs what the per-tensor path does
 MAX_FRESH_AVERAGE_CPU_AGAIN = 2048  # the same right after a step that moved fresh grads: a zero_grad(set_to_none) loop
 # indexed by the reason codes of csrc/torch/flat_grads.cpp
@@ -74,7 +81,16 @@ REASONS = (
 GROUP_CHANGED, PARAM_MOVED, MISSING_GRAD, GRAD_DTYPE, MASTER_GRAD, ODD_GRAD, SHARED_GRAD, LARGE_FRESH_GRADS = range(1, 9)
 _REBUILD_REASONS = (GROUP_CHANGED, PARAM_MOVED, MISSING_GRAD, GRAD_DTYPE)
 
-Verdict = Tuple[int, int, Optional[torch.Tensor]]
+Verdict = Tuple[int, int, Any]  # (status, reason or fresh count, flat grad / grads tuple / None)
+
+
+def fresh_grad_policy(device: torch.device, kernel: bool, fresh_last_step: bool) -> Tuple[int, int]:
+    """(max_fresh_average, grad_reads) for :func:`flat_grads`: what fresh grads do on ``device``, with or
+    without apexlite's kernels, right after a step that found fresh grads or not (the note above)."""
+    cpu = device.type == "cpu"
+    if kernel:
+        return (MAX_FRESH_AVERAGE_CPU if cpu else 0), (READ_FRESH if fresh_last_step else READ_LARGE_FRESH)
+    return (0 if not cpu else MAX_FRESH_AVERAGE_CPU_AGAIN if fresh_last_step else MAX_FRESH_AVERAGE_CPU), MOVE_FRESH
 
 
 def _verdict(reason: int) -> Verdict:
@@ -112,8 +128,8 @@ def _movable(grad: torch.Tensor) -> bool:
 def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
                       members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
                       param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
-                      shift: int, max_fresh_average: int) -> Verdict:
-    """apexlite._C.flat_grads in Python (see NOTE [flat grads]): (status, reason, flat grad or None).
+                      shift: int, max_fresh_average: int, grad_reads: int) -> Verdict:
+    """apexlite._C.flat_grads in Python (see :func:`flat_grads`).
     The grad buffer is ``total`` elements from element ``shift`` of its storage; ``offsets`` are in it."""
     if len(group_params) != len(known) or any(a is not b for a, b in zip(group_params, known)):
         return _verdict(GROUP_CHANGED)
@@ -150,7 +166,11 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
     if reason:
         return _verdict(reason)
     fresh = [grad.numel() for grad, mine in zip(grads, in_place) if not mine]
-    if max_fresh_average > 0 and sum(fresh) > max_fresh_average * len(fresh):
+    large = max_fresh_average > 0 and sum(fresh) > max_fresh_average * len(fresh)
+    if fresh and (grad_reads == READ_FRESH or (large and grad_reads == READ_LARGE_FRESH)):
+        bump_versions(members)  # the kernel writes them through raw pointers
+        return READ_IN_PLACE, len(fresh), tuple(grads)
+    if large:
         return _verdict(LARGE_FRESH_GRADS)
     storage = None  # (a handle of its own would count as a user of the buffer)
     everyone = all(in_place)
@@ -241,14 +261,17 @@ def _native(name: str) -> Optional[Callable[..., Any]]:
 def flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
                members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
                param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
-               shift: int, max_fresh_average: int = 0) -> Verdict:
-    """(status, reason, flat grad): READY with the set's grads as one flat tensor (fresh ones moved
-    into it, member versions bumped) and, in the reason's place, how many grads moved; or LIST_PATH /
-    REBUILD with an index into REASONS and nothing changed but, maybe, version counters (a bump too
-    many is harmless; the per-tensor path bumps them)."""
+               shift: int, max_fresh_average: int = 0, grad_reads: int = MOVE_FRESH) -> Verdict:
+    """(status, reason, grads): READY with the set's grads as one flat tensor (fresh ones moved into it)
+    and, in the reason's place, how many grads moved; READ_IN_PLACE (fresh grads that ``grad_reads``
+    says to read where they are) with the grads as a tuple, one per member, and how many were fresh;
+    or LIST_PATH / REBUILD with an index into REASONS and None. Member versions are bumped when
+    ready; otherwise nothing changed but, maybe, version counters (a bump too many is harmless; the
+    per-tensor path bumps them)."""
     native = _native("flat_grads")
     run = native if native is not None else python_flat_grads
-    return run(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, max_fresh_average)
+    return run(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, max_fresh_average,
+               grad_reads)
 
 
 def flat_grads_in_place(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],

@@ -4,7 +4,7 @@ one call per checked piece, so that the device starts on the first piece while t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Protocol, Sequence, Tuple, Union
 
 import torch
 
@@ -50,23 +50,30 @@ class PiecePolicy:
 
 @dataclass
 class FlatCall:
-    """One kernel call of a step: the same element range of a set's buffers and of its flat grad."""
+    """One kernel call of a step: the same element range of a set's buffers and of its flat grad, or of the
+    whole buffers and the members' grads where they are (``grads``, each at its member's ``offsets`` entry)."""
 
     weights: torch.Tensor
     copies: Optional[torch.Tensor]
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
     steps: torch.Tensor  # the counters of the range's members
-    grad: torch.Tensor
+    grad: Optional[torch.Tensor]
+    grads: Optional[Tuple[torch.Tensor, ...]] = None
+    offsets: Optional[torch.Tensor] = None
 
 
-def call_over(flat_set: "FlatSet", grad: torch.Tensor, begin: int = 0, stop: Optional[int] = None,
-              remember: bool = False) -> FlatCall:
-    """The call for members [begin, stop) of ``flat_set`` (all of them by default), ``grad`` its grad buffer.
-    ``remember`` keeps the range's views of the set's own buffers for the next steps (a piece's range is
-    the same every step; the grad buffer's view is made each time, as no reference to it may be kept)."""
+def call_over(flat_set: "FlatSet", grad: Union[torch.Tensor, Tuple[torch.Tensor, ...]], begin: int = 0,
+              stop: Optional[int] = None, remember: bool = False) -> FlatCall:
+    """The call for members [begin, stop) of ``flat_set`` (all of them by default), ``grad`` its grad buffer,
+    or, for all members, a tuple of their grads. ``remember`` keeps the range's views of the set's own
+    buffers for the next steps (a piece's range is the same every step; the grad buffer's view is made
+    each time, as no reference to it may be kept)."""
     count = len(flat_set.members)
     stop = count if stop is None else stop
+    if isinstance(grad, tuple):
+        return FlatCall(flat_set.weights, flat_set.copies, flat_set.exp_avg, flat_set.exp_avg_sq, flat_set.steps,
+                        None, grad, flat_set.offsets)
     if begin == 0 and stop == count:
         return FlatCall(flat_set.weights, flat_set.copies, flat_set.exp_avg, flat_set.exp_avg_sq, flat_set.steps, grad)
     first = flat_set.starts[begin]
@@ -138,6 +145,7 @@ class PiecewiseRun:
                                           flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,
                                           flat_set.weights.numel(), flat_set.grad_start, self._max_fresh_average)
         if status == READY:
+            flat_set.had_fresh_grads = reason > 0  # (a ready answer's reason: how many grads were fresh)
             yield call_over(flat_set, grad, stop)
             return
         if status == REBUILD:

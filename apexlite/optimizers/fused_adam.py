@@ -10,8 +10,8 @@ from apexlite._logging import get_logger
 from apexlite.optimizers import _adam_state as adam_state
 from apexlite.optimizers import multi_tensor
 from apexlite.optimizers._base import ApexStyleOptimizer, clear_grads
-from apexlite.optimizers._adam_step import (IMPLEMENTATIONS, bump_versions, flag_on, fused_adam_flat_step,
-                                            fused_adam_step, resolve)
+from apexlite.optimizers._adam_step import (IMPLEMENTATIONS, bump_versions, flag_on, fused_adam_flat_grad_list_step,
+                                            fused_adam_flat_step, fused_adam_step, resolve)
 from apexlite.optimizers._flat_buffers import FlatBuffers
 from apexlite.optimizers._grad_writeback import check_grads_writable
 from apexlite.optimizers._torch_fused import Workspace, foreach_copy
@@ -203,7 +203,7 @@ class FusedAdam(ApexStyleOptimizer):
         store_unscaled = grad_scale is not None and not self.leave_grads_scaled
         plan = []
         for group in self.param_groups:
-            flat_runs, rest = self._flat.plan(self, group, self._has_fused_path)
+            flat_runs, rest = self._flat.plan(self, group, self._has_fused_path, self._has_kernel)
             plan.append((group, flat_runs, self._buckets(rest)))
         if store_unscaled:  # before anything is updated (flat grads are laid out like their params)
             self._check_unscaled_grads_writable(buckets for _, _, buckets in plan)
@@ -216,11 +216,16 @@ class FusedAdam(ApexStyleOptimizer):
             late: List[torch.Tensor] = []
             for run in flat_runs:  # member versions are bumped by the grad checks (NOTE [flat grads])
                 for call in run:
-                    device = call.grad.device
+                    device = call.weights.device
                     if device not in per_device:
                         per_device[device] = (resolve(self.implementation, device), flag_on(grad_scale, device),
                                               flag_on(found_inf, device))
                     path, scale, found = per_device[device]
+                    if call.grads is not None:  # fresh grads read where they are (kernel path only)
+                        fused_adam_flat_grad_list_step(call.weights, call.grads, call.offsets, call.exp_avg,
+                                                       call.exp_avg_sq, call.steps, call.copies, grad_scale=scale,
+                                                       found_inf=found, **hyper)
+                        continue
                     fused_adam_flat_step(call.weights, call.grad, call.exp_avg, call.exp_avg_sq, call.steps,
                                          call.copies, path=path, workspace=self._workspace, grad_scale=scale,
                                          found_inf=found, **hyper)
@@ -254,6 +259,10 @@ class FusedAdam(ApexStyleOptimizer):
     def _has_fused_path(self, device: torch.device) -> bool:
         """Whether params on ``device`` take a fused path (kernel or torch ops), which flat buffers need."""
         return resolve(self.implementation, device) != "reference"
+
+    def _has_kernel(self, device: torch.device) -> bool:
+        """Whether params on ``device`` take apexlite's kernels (which can read fresh grads where they are)."""
+        return resolve(self.implementation, device) == "kernel"
 
     def _buckets(self, params: List[torch.Tensor]) -> Dict[Tuple, adam_state.Bucket]:
         """The per-tensor path's buckets for ``params`` (those not in flat buffers this step)."""

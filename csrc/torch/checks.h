@@ -143,6 +143,33 @@ inline void check_fused_adam_flat_args(const at::Tensor& param, const at::Tensor
   check_flag(found_inf, param.device(), "found_inf");
 }
 
+// Validates the grads of apexlite::fused_adam_flat_grad_list_ against its buffers (checked by
+// check_fused_adam_flat_args, with `param` standing in for the grad buffer): one dense grad per counter,
+// all of one float dtype on param's device, their element ranges in order, apart and inside the buffers.
+inline void check_flat_grad_list(const at::Tensor& param, at::TensorList grads, const at::Tensor& offsets,
+                                 const at::Tensor& steps) {
+  const int64_t count = static_cast<int64_t>(grads.size());
+  TORCH_CHECK(offsets.device().is_cpu() && offsets.scalar_type() == at::kLong && offsets.dim() == 1 &&
+                  offsets.is_contiguous() && offsets.numel() == count && steps.numel() == count,
+              "apexlite.fused_adam_flat_grad_list_: offsets must be a contiguous 1-D int64 CPU tensor and steps "
+              "hold one entry per grad; got ", count, " grads, ", offsets.numel(), " offsets on ", offsets.device(),
+              " and ", steps.numel(), " counters.");
+  const int64_t* start = offsets.data_ptr<int64_t>();
+  int64_t end = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const at::Tensor& g = grads[i];
+    TORCH_CHECK(g.device() == param.device() && g.layout() == at::kStrided && g.is_non_overlapping_and_dense() &&
+                    g.scalar_type() == grads[0].scalar_type() && is_float_kind(g.scalar_type()),
+                "apexlite.fused_adam_flat_grad_list_: grads[", i, "] must be a dense float32, float16 or bfloat16 "
+                "tensor of grads[0]'s dtype on ", param.device(), "; got ", g.scalar_type(), " on ", g.device(),
+                " with strides ", g.strides(), ".");
+    TORCH_CHECK(start[i] >= end && start[i] + g.numel() <= param.numel(), "apexlite.fused_adam_flat_grad_list_: "
+                "grads[", i, "] (", g.numel(), " elements at offset ", start[i], ") overlaps the grad before it "
+                "or leaves the buffers (", param.numel(), " elements); give offsets in order, one range per grad.");
+    end = start[i] + g.numel();
+  }
+}
+
 // Validates the arguments of apexlite::flat_gather_ for the given backend.
 inline void check_flat_gather_args(const at::Tensor& flat, at::TensorList sources, at::IntArrayRef offsets,
                                    at::DeviceType backend) {

@@ -9,9 +9,11 @@
 //   are copied into the buffer and each grad tensor is re-pointed into it (same Python object, shape,
 //   strides and values; only its storage changes), so .grad keeps its identity and later in-place
 //   writes (autograd accumulation, the unscaled grads of a GradScaler step) land in the buffer;
+// * or, when the caller asks for it (grad_reads), the grads are handed back as a tuple, one per member,
+//   to be read where they are by apexlite::fused_adam_flat_grad_list_: nothing is copied or re-pointed;
 // * anything else (a missing grad, another dtype or layout, a grad other tensors share, a replaced
 //   param) is reported with a reason, and nothing has been changed.
-// A ready answer carries, in the reason's place, how many grads moved into the buffer.
+// A ready or read-in-place answer carries, in the reason's place, how many grads were fresh.
 // Member params' version counters are bumped (the kernel writes them raw).
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -29,7 +31,10 @@
 namespace apexlite {
 namespace {
 
-enum Status : int { kReady = 0, kListPath = 1, kRebuild = 2 };
+enum Status : int { kReady = 0, kListPath = 1, kRebuild = 2, kReadInPlace = 3 };
+// When fresh grads are read where they are (apexlite::fused_adam_flat_grad_list_) instead of moving
+// into the grad buffer. Must match GRAD_READS in apexlite/optimizers/_flat_grads.py.
+enum GradReads : int { kMoveFresh = 0, kReadLargeFresh = 1, kReadFresh = 2 };
 // Must match REASONS in apexlite/optimizers/_flat_grads.py.
 enum Reason : int {
   kNone = 0,
@@ -170,9 +175,10 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   PyObject *group_params, *known, *members, *masters, *param_ptrs_obj, *offsets_obj, *grad_like_obj;
   long long total, shift;  // the grad buffer: `total` elements from element `shift` of its storage
   long long max_fresh_average;  // > 0: fresh grads larger than this on average are not copied
-  if (!PyArg_ParseTuple(args, "OO!O!OOOOLLL", &group_params, &PyTuple_Type, &known, &PyTuple_Type, &members,
+  int grad_reads;               // a GradReads
+  if (!PyArg_ParseTuple(args, "OO!O!OOOOLLLi", &group_params, &PyTuple_Type, &known, &PyTuple_Type, &members,
                         &masters, &param_ptrs_obj, &offsets_obj, &grad_like_obj, &total, &shift,
-                        &max_fresh_average)) {
+                        &max_fresh_average, &grad_reads)) {
     return nullptr;
   }
   const at::Tensor& param_ptrs = THPVariable_Unpack(param_ptrs_obj);
@@ -231,11 +237,19 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
     in_place_count += mine ? 1 : 0;
   }
   if (reason) return verdict(reason);
+  bool large = false;
   if (max_fresh_average > 0) {
     int64_t fresh_elements = 0;
     for (Py_ssize_t i = 0; i < count; ++i) fresh_elements += in_place[i] ? 0 : grads[i]->numel();
-    if (fresh_elements > max_fresh_average * (count - in_place_count)) return verdict(kLargeFreshGrads);
+    large = fresh_elements > max_fresh_average * (count - in_place_count);
   }
+  if (in_place_count < count && (grad_reads == kReadFresh || (large && grad_reads == kReadLargeFresh))) {
+    PyObject* list = PyTuple_New(count);
+    if (list == nullptr) return nullptr;
+    for (Py_ssize_t i = 0; i < count; ++i) PyTuple_SET_ITEM(list, i, THPVariable_Wrap(*grads[i]));
+    return Py_BuildValue("inN", kReadInPlace, static_cast<Py_ssize_t>(count - in_place_count), list);
+  }
+  if (large) return verdict(kLargeFreshGrads);
 
   // Fresh grads move into the buffer only when no tensor but the in-place grads (and `buffer` here)
   // holds it: an old grad a caller kept would otherwise see its values overwritten. Else all move
@@ -375,8 +389,8 @@ PyObject* flat_zero_grads(PyObject* /*module*/, PyObject* args) {
 PyMethodDef kFunctions[] = {
     {"flat_grads", flat_grads, METH_VARARGS,
      "flat_grads(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, "
-     "max_fresh_average) -> "
-     "(status, reason, flat_grad or None): see apexlite/optimizers/_flat_grads.py"},
+     "max_fresh_average, grad_reads) -> "
+     "(status, reason, flat grad or grads tuple or None): see apexlite/optimizers/_flat_grads.py"},
     {"flat_grads_in_place", flat_grads_in_place, METH_VARARGS,
      "flat_grads_in_place(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, begin, "
      "end, flat) -> (stop, flat): see apexlite/optimizers/_flat_grads.py"},

@@ -1,5 +1,5 @@
-// CPU kernels of apexlite::fused_adam_ and fused_adam_flat_: all tensors of the call are cut into
-// fixed-size tasks that at::parallel_for spreads over the threads. Each task walks its range in small
+// CPU kernels of apexlite::fused_adam_, fused_adam_flat_ and fused_adam_flat_grad_list_: all tensors of
+// the call are cut into fixed-size tasks that at::parallel_for spreads over the threads. Each task walks its range in small
 // tiles: float lists are updated in place, fp16/bf16 lists are widened into a stack buffer, updated,
 // and rounded back, so the one float loop of adam_math.h serves every dtype combination.
 #include <ATen/ATen.h>
@@ -205,11 +205,54 @@ void fused_adam_flat_cpu(const at::Tensor& param, const at::Tensor& grad, const 
   });
 }
 
+// apexlite::fused_adam_flat_grad_list_: the flat buffers' elements of each grad's range, read from the
+// grad where it is; one parallel pass over all ranges, and the counters advance as fused_adam_flat_'s.
+void fused_adam_flat_grad_list_cpu(const at::Tensor& param, at::TensorList grads, const at::Tensor& offsets,
+                                   const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& steps,
+                                   const c10::optional<at::Tensor>& model_copy, double lr, double beta1, double beta2,
+                                   double eps, double weight_decay, bool bias_correction, bool adam_w_mode,
+                                   const c10::optional<at::Tensor>& grad_scale,
+                                   const c10::optional<at::Tensor>& found_inf, bool unscale_grads) {
+  check_fused_adam_flat_args(param, param, exp_avg, exp_avg_sq, steps, model_copy, grad_scale, found_inf, at::kCPU);
+  check_flat_grad_list(param, grads, offsets, steps);
+  if (found_inf.has_value() && found_inf->item<float>() != 0.0f) return;
+  const double scale = grad_scale.has_value() ? static_cast<double>(grad_scale->item<float>()) : 1.0;
+  float* counters = steps.data_ptr<float>();
+  for (int64_t i = 0; i < steps.numel(); ++i) counters[i] += 1.0f;
+  if (grads.empty()) return;
+  const AdamScalars scalars = make_adam_scalars(AdamHyper{lr, beta1, beta2, eps, weight_decay, bias_correction},
+                                                static_cast<double>(counters[0]), scale);
+  const int64_t* starts = offsets.data_ptr<int64_t>();
+  const auto at_offset = [](const at::Tensor& buffer, int64_t offset) {
+    return Slot{static_cast<char*>(buffer.data_ptr()) + offset * buffer.element_size(), buffer.scalar_type()};
+  };
+  std::vector<TensorSlots> tensors(grads.size());
+  std::vector<Task> tasks;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    TensorSlots& t = tensors[i];
+    t.scalars = scalars;
+    t.store_unscaled_grads = unscale_grads && grad_scale.has_value();
+    t.param = at_offset(param, starts[i]);
+    t.grad = slot_of(grads[i]);
+    t.exp_avg = at_offset(exp_avg, starts[i]);
+    t.exp_avg_sq = at_offset(exp_avg_sq, starts[i]);
+    if (model_copy.has_value()) t.copy = at_offset(*model_copy, starts[i]);
+    for (int64_t b = 0; b < grads[i].numel(); b += kTaskElems) {
+      tasks.push_back(Task{static_cast<int64_t>(i), b, std::min(b + kTaskElems, grads[i].numel())});
+    }
+  }
+  const auto run = adam_w_mode ? &run_task_decoupled : &run_task_l2;
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) run(tensors[tasks[k].tensor], tasks[k]);
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(apexlite, CPU, m) {
   m.impl("fused_adam_", &fused_adam_cpu);
   m.impl("fused_adam_flat_", &fused_adam_flat_cpu);
+  m.impl("fused_adam_flat_grad_list_", &fused_adam_flat_grad_list_cpu);
 }
 
 }  // namespace apexlite

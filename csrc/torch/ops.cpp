@@ -31,6 +31,16 @@ TORCH_LIBRARY(apexlite, m) {
       "Tensor(d!) steps, Tensor(e!)? model_copy, *, float lr, float beta1, float beta2, float eps, "
       "float weight_decay, bool bias_correction, bool adam_w_mode, Tensor? grad_scale=None, "
       "Tensor? found_inf=None, bool unscale_grads=False) -> ()");
+  // The same step over flat buffers whose grads stay where they are: grads[i] is the grad of elements
+  // [offsets[i], offsets[i] + grads[i].numel()) of the buffers, in memory order (dense, laid out like
+  // that member); the ranges come in order without overlap, and elements outside them are left as they
+  // are. `offsets` is a 1-D int64 CPU tensor and `steps` holds one counter per grad. How fresh grads (autograd's, after
+  // zero_grad(set_to_none=True)) are read without first copying them into a grad buffer.
+  m.def(
+      "fused_adam_flat_grad_list_(Tensor(a!) param, Tensor(f!)[] grads, Tensor offsets, Tensor(b!) exp_avg, "
+      "Tensor(c!) exp_avg_sq, Tensor(d!) steps, Tensor(e!)? model_copy, *, float lr, float beta1, float beta2, "
+      "float eps, float weight_decay, bool bias_correction, bool adam_w_mode, Tensor? grad_scale=None, "
+      "Tensor? found_inf=None, bool unscale_grads=False) -> ()");
   // Copies each source's elements, in memory order (sources are dense, of flat's dtype and device),
   // to flat[offsets[i]:offsets[i] + numel]: how fresh grads move into a flat grad buffer in one launch.
   m.def("flat_gather_(Tensor(a!) flat, Tensor[] sources, int[] offsets) -> ()");

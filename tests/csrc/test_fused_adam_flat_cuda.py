@@ -57,6 +57,32 @@ def test_cuda_flat_kernel_matches_cpu_flat_kernel_bit_for_bit(cuda_kernel, combo
             assert differ == 0, f"buffer {index}: {differ} of {want.numel()} elements differ from the CPU kernel"
 
 
+@pytest.mark.parametrize("shift", [0, 1], ids=["vector-loads", "unaligned"])
+@pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "grad-scale"])
+@pytest.mark.parametrize("combo", DTYPE_COMBOS, ids=lambda c: "-".join(str(d).split(".")[-1] for d in c))
+def test_cuda_grad_list_op_matches_cpu_flat_kernel_bit_for_bit(cuda_kernel, combo, scaled, shift):
+    """fused_adam_flat_grad_list_ (each grad read where it is) against the CPU flat op over the same values."""
+    lists = tensor_lists(NUMELS, combo)
+    cpu = flat_of(lists)
+    gpu = _on_cuda(cpu, shift)
+    grads = [g.cuda() for g in lists[1]]
+    starts, at = [], 0
+    for g in grads:
+        starts.append(at)
+        at += g.numel()
+    kwargs = dict(HYPER, bias_correction=True, adam_w_mode=True, unscale_grads=True)
+    torch.ops.apexlite.fused_adam_flat_(*cpu, **kwargs, grad_scale=torch.tensor([64.0]) if scaled else None)
+    with no_host_sync():
+        torch.ops.apexlite.fused_adam_flat_grad_list_(
+            gpu[0], grads, torch.tensor(starts), gpu[2], gpu[3], gpu[4], gpu[5], **kwargs,
+            grad_scale=torch.tensor([64.0], device="cuda") if scaled else None)
+    gpu[1] = torch.cat(grads)
+    for index, (want, got) in enumerate(zip(cpu, gpu)):
+        if want is not None:
+            differ = int((_bits(got.cpu()) != _bits(want)).sum())
+            assert differ == 0, f"buffer {index}: {differ} of {want.numel()} elements differ from the CPU kernel"
+
+
 @pytest.mark.parametrize("found_inf", [1.0, float("nan")])
 def test_cuda_flat_kernel_skips_on_device_flag_without_sync(cuda_kernel, found_inf):
     gpu = _on_cuda(flat_of(tensor_lists(NUMELS, (torch.float32, torch.float16, torch.float32, torch.float16))), 0)

@@ -67,8 +67,9 @@ def assert_same(run, reference, exact=True):
 
 
 def count_calls(monkeypatch):
-    """Counts the flat calls and the per-tensor calls FusedAdam.step makes."""
-    calls = {"flat": 0, "lists": 0}
+    """Counts the calls FusedAdam.step makes: over flat buffers with the grad buffer ("flat"), over flat
+    buffers reading each grad where it is ("read"), and per tensor ("lists")."""
+    calls = {"flat": 0, "read": 0, "lists": 0}
 
     def counting(name, function):
         def wrapper(*args, **kwargs):
@@ -78,5 +79,7 @@ def count_calls(monkeypatch):
 
     monkeypatch.setattr(fused_adam_module, "fused_adam_flat_step",
                         counting("flat", fused_adam_module.fused_adam_flat_step))
+    monkeypatch.setattr(fused_adam_module, "fused_adam_flat_grad_list_step",
+                        counting("read", fused_adam_module.fused_adam_flat_grad_list_step))
     monkeypatch.setattr(fused_adam_module, "fused_adam_step", counting("lists", fused_adam_module.fused_adam_step))
     return calls

@@ -20,6 +20,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from apexlite._native import loader as _ext
+from apexlite.optimizers._adam_step import uses_kernel
 from apexlite.optimizers import FusedAdam, _flat_grads
 from tests.optimizers.adam_helpers import set_grads
 from tests.optimizers.flat_helpers import (  # noqa: F401 (grad_pass: a fixture)
@@ -143,7 +144,9 @@ def test_one_call_per_buffer_set_whatever_the_tensor_count(monkeypatch, count):
         for p in params:
             p.grad = torch.randn_like(p)
         opt.step()
-    assert calls == {"flat": 2 * 3, "lists": 0}  # a float32 set and a bf16-with-masters set, each step
+    # a float32 set and a bf16-with-masters set, each step: the first moves the fresh grads into the grad
+    # buffers; fresh again (a set_to_none loop), they are read where they are
+    assert calls == {"flat": 2, "read": 2 * 2, "lists": 0}
 
 
 def test_a_first_step_without_grads_costs_no_rebuild(monkeypatch):
@@ -154,26 +157,34 @@ def test_a_first_step_without_grads_costs_no_rebuild(monkeypatch):
     for step in range(3):
         set_grads(params, grads_for(params, torch.float32, step))
         opt.step()
-    assert calls == {"flat": 3, "lists": 0}
+    reads = uses_kernel("auto", torch.device("cpu"))  # only apexlite's kernels read fresh grads where they are
+    assert calls == ({"flat": 1, "read": 2, "lists": 0} if reads else {"flat": 3, "read": 0, "lists": 0})
     assert all(float(opt.state[p]["step"]) == 3.0 for p in params)
 
 
-# fresh grads of this many floats each, every step or only at the first -> flat calls of 4 steps
+# fresh grads of this many floats each, every step or only at the first -> per path, (calls with the grad
+# buffer, calls reading the grads where they are) of 4 steps; the rest per tensor. apexlite's kernels read
+# fresh grads where they are; torch's fused ops (the "torch" path) need them in the buffer or per tensor.
+AGAIN, ONCE = _flat_grads.MAX_FRESH_AVERAGE_CPU_AGAIN, _flat_grads.MAX_FRESH_AVERAGE_CPU
 LARGE_FRESH_CPU = {
-    "copied-every-step": (_flat_grads.MAX_FRESH_AVERAGE_CPU_AGAIN, True, 4),
-    # moved at the first step; fresh again right after: a set_to_none loop, read in place from then on
-    "copied-once-in-a-set-to-none-loop": (_flat_grads.MAX_FRESH_AVERAGE_CPU_AGAIN + 1, True, 1),
-    "copied-once-then-read-in-place": (_flat_grads.MAX_FRESH_AVERAGE_CPU, True, 1),
-    "read-in-place": (_flat_grads.MAX_FRESH_AVERAGE_CPU + 1, True, 0),
+    # moved at the first step; fresh again right after (a set_to_none loop): read where they are from then on,
+    # or on the torch path moved again while a copy costs less than the per-tensor path
+    "set-to-none-loop-small": (AGAIN, True, {"kernel": (1, 3), "torch": (4, 0)}),
+    "set-to-none-loop-larger": (AGAIN + 1, True, {"kernel": (1, 3), "torch": (1, 0)}),
+    "set-to-none-loop-largest-moved": (ONCE, True, {"kernel": (1, 3), "torch": (1, 0)}),
+    # too large to copy (a new buffer's page faults) even once: read where they are from the first step
+    "set-to-none-loop-never-moved": (ONCE + 1, True, {"kernel": (0, 4), "torch": (0, 0)}),
     # moved at the first step, then kept in the buffer (set_to_none=False, accumulation): flat throughout
-    "copied-once-then-kept": (_flat_grads.MAX_FRESH_AVERAGE_CPU, False, 4),
+    "moved-once-then-kept": (ONCE, False, {"kernel": (4, 0), "torch": (4, 0)}),
 }
 
 
+@pytest.mark.parametrize("implementation", IMPLS)
 @pytest.mark.parametrize("case", sorted(LARGE_FRESH_CPU))
-def test_large_fresh_cpu_grads_are_read_in_place(grad_pass, monkeypatch, case):
-    size, fresh_every_step, flat_calls = LARGE_FRESH_CPU[case]
-    runs = twins(shapes=[(size,), (size,)])
+def test_large_fresh_cpu_grads_are_read_in_place(grad_pass, monkeypatch, case, implementation):
+    size, fresh_every_step, expected = LARGE_FRESH_CPU[case]
+    flat_calls, read_calls = expected[implementation]
+    runs = twins(implementation=implementation, shapes=[(size,), (size,)])
     calls = count_calls(monkeypatch)
     for step in range(4):
         grads = grads_for(runs[0][0], torch.float32, step)
@@ -184,8 +195,9 @@ def test_large_fresh_cpu_grads_are_read_in_place(grad_pass, monkeypatch, case):
                 for p, g in zip(params, grads):
                     p.grad.copy_(g)
             opt.step()
-    assert_same(*runs)
-    assert calls == {"flat": flat_calls, "lists": 4 + 4 - flat_calls}  # (the twin takes the per-tensor path)
+    assert_same(*runs, exact=implementation == "kernel")
+    # (the twin's 4 steps are per tensor)
+    assert calls == {"flat": flat_calls, "read": read_calls, "lists": 4 + 4 - flat_calls - read_calls}
 
 
 def test_grads_keep_their_identity_and_live_in_the_buffer(grad_pass):
@@ -203,6 +215,35 @@ def test_grads_keep_their_identity_and_live_in_the_buffer(grad_pass):
         p.grad.mul_(2)
     opt.step()
     assert [p.grad.data_ptr() for p in params] == where  # nothing moved, nothing copied
+
+
+@pytest.mark.parametrize("then", ["fresh", "kept", "zeroed-and-accumulated"])
+def test_fresh_grads_after_fresh_grads_are_read_where_they_are(grad_pass, monkeypatch, then):
+    """A set_to_none loop: the first step moves the fresh grads into a grad buffer; from the next one
+    apexlite's kernel reads each where autograd left it (no copy, no new buffer, .grad untouched), until
+    the grads are kept in the buffer again; then as the per-tensor path throughout."""
+    runs = twins()
+    calls = count_calls(monkeypatch)
+    for step in range(5):
+        grads = grads_for(runs[0][0], torch.float32, step)
+        for flat, (params, opt) in zip((True, False), runs):
+            if step < 3 or then == "fresh":
+                set_grads(params, grads)
+            elif then == "kept":
+                for p, g in zip(params, grads):
+                    p.grad.add_(g)
+            else:
+                opt.zero_grad(set_to_none=False)
+                for p, g in zip(params, grads):
+                    p.grad.add_(g)
+            assigned = [(p.grad, p.grad.data_ptr()) for p in params]
+            opt.step()
+            assert all(p.grad is grad for p, (grad, _) in zip(params, assigned))
+            moved = [p.grad.data_ptr() for p in params] != [ptr for _, ptr in assigned]
+            assert moved == (flat and step == 0)  # into the grad buffer at the first step only
+    assert_same(*runs)
+    # the grads, once read where they are, stay where they are when kept: each later step reads them there
+    assert calls == {"flat": 1, "read": 4, "lists": 5}
 
 
 def test_grad_scaler_unscales_into_the_same_grad_tensors(grad_pass):

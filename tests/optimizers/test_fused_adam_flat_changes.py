@@ -33,8 +33,9 @@ def test_a_param_without_grad_is_skipped_and_the_buffers_follow(grad_pass, imple
     assert_same(*runs, exact=implementation == "kernel")
     flat_steps = [float(runs[0][1].state[p]["step"]) for p in runs[0][0]]
     assert flat_steps == [5.0, 5.0, 4.0, 5.0, 5.0]
-    # steps 0, 2, 3, 4 flat (two sets after the rebuild: 4 and 5 steps taken); step 1 per tensor
-    assert calls["flat"] == 1 + 0 + 2 + 2 + 2
+    # steps 0, 2, 3, 4 flat (two sets after the rebuild: 4 and 5 steps taken); step 1 per tensor. (The grads
+    # are fresh every step: moved into a grad buffer, or, on apexlite's kernel, read where they are.)
+    assert calls["flat"] + calls["read"] == 1 + 0 + 2 + 2 + 2
 
 
 def test_model_cast_after_steps_continues_like_the_per_tensor_path(grad_pass):
@@ -75,7 +76,7 @@ def test_replaced_state_is_what_the_next_step_uses(grad_pass, change, monkeypatc
             set_grads(params, grads)
             opt.step()
     assert_same(*runs)
-    assert calls["flat"] == 2 + 2 * STATE_CHANGES[change]  # the flat path resumes at once
+    assert calls["flat"] + calls["read"] == 2 + 2 * STATE_CHANGES[change]  # the flat path resumes at once
 
 
 def test_params_list_edited_in_place_and_new_group(grad_pass):
@@ -103,7 +104,7 @@ def test_loading_a_checkpoint_mid_run(grad_pass, monkeypatch):
             set_grads(params, grads)
             opt.step()
     assert_same(*runs)
-    assert calls["flat"] == 5  # every step of the flat run, the one after the load included
+    assert calls["flat"] + calls["read"] == 5  # every step of the flat run, the one after the load included
 
 
 def test_params_sharing_memory_stay_where_they_are():

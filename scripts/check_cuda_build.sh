@@ -85,9 +85,10 @@ import torch
 so = glob.glob(f"{sys.argv[1]}/apexlite/_C*.so")[0]
 spec = importlib.util.spec_from_file_location("apexlite._C", so)
 spec.loader.exec_module(importlib.util.module_from_spec(spec))
-op = "apexlite::fused_adam_"
-for key in ("CPU", "CUDA"):
-    assert torch._C._dispatch_has_kernel_for_dispatch_key(op, key), f"{op} has no {key} kernel"
+for op in ("apexlite::fused_adam_", "apexlite::fused_adam_flat_", "apexlite::fused_adam_flat_grad_list_",
+           "apexlite::flat_gather_"):
+    for key in ("CPU", "CUDA"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op, key), f"{op} has no {key} kernel"
 cpu = [torch.zeros(4)]
 args = (cpu, cpu, [torch.zeros(4)], [torch.zeros(4)], [torch.zeros(())], [])
 hyper = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, bias_correction=True, adam_w_mode=True)
@@ -97,7 +98,7 @@ except RuntimeError as error:
     assert "CUDA kernel got tensors on cpu" in str(error), error
 else:
     raise AssertionError("the CUDA kernel accepted CPU tensors")
-print(f"  ok  imported {so}; CPU and CUDA kernels registered; CPU tensors rejected by the CUDA kernel")
+print(f"  ok  imported {so}; CPU and CUDA kernels of the four ops registered; CPU tensors rejected by the CUDA kernel")
 PY
 
 echo "check_cuda_build: first-use build, as after a plain pip install (python -m apexlite doctor --build)"

@@ -70,6 +70,7 @@ class FlatSet:
     piece_views: Dict[Tuple[int, int], Tuple[Optional[torch.Tensor], ...]] = field(default_factory=dict)  # _flat_runs
     cuts: Optional[Tuple[Any, Optional[List[int]]]] = None  # (policy, its piece ends), PiecePolicy.bounds_of
     had_fresh_grads: bool = False  # the last ready check found fresh grads (moved or read in place: NOTE [flat grads])
+    fresh_policy: Optional[Tuple[Tuple[int, int], ...]] = None  # fresh_grad_policy's answers, by had_fresh_grads
 
 
 @dataclass
@@ -126,8 +127,10 @@ class FlatBuffers:
         runs: List[FlatRun] = []
         rest = list(layout.outsiders)
         for flat_set in layout.sets:
-            device = flat_set.weights.device
-            fresh_limit, grad_reads = fresh_grad_policy(device, has_kernel(device), flat_set.had_fresh_grads)
+            if flat_set.fresh_policy is None:  # (neither its device nor the kernels change)
+                device = flat_set.weights.device
+                flat_set.fresh_policy = tuple(fresh_grad_policy(device, has_kernel(device), again) for again in (0, 1))
+            fresh_limit, grad_reads = flat_set.fresh_policy[flat_set.had_fresh_grads]
             bounds = self.piece_policy.bounds_of(flat_set)
             if bounds is not None:
                 stop, grad = flat_grads_in_place(params, layout.known, flat_set.members, flat_set.masters,

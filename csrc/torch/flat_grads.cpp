@@ -35,6 +35,9 @@ enum Status : int { kReady = 0, kListPath = 1, kRebuild = 2, kReadInPlace = 3 };
 // When fresh grads are read where they are (apexlite::fused_adam_flat_grad_list_) instead of moving
 // into the grad buffer. Must match GRAD_READS in apexlite/optimizers/_flat_grads.py.
 enum GradReads : int { kMoveFresh = 0, kReadLargeFresh = 1, kReadFresh = 2 };
+// kReadFresh reads fresh grads in place only when they average at least this many elements: smaller ones
+// cost more to hand over one by one than to copy. Must match MIN_READ_AVERAGE in _flat_grads.py.
+constexpr int64_t kMinReadAverage = 64;
 // Must match REASONS in apexlite/optimizers/_flat_grads.py.
 enum Reason : int {
   kNone = 0,
@@ -237,17 +240,16 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
     in_place_count += mine ? 1 : 0;
   }
   if (reason) return verdict(reason);
-  bool large = false;
-  if (max_fresh_average > 0) {
-    int64_t fresh_elements = 0;
-    for (Py_ssize_t i = 0; i < count; ++i) fresh_elements += in_place[i] ? 0 : grads[i]->numel();
-    large = fresh_elements > max_fresh_average * (count - in_place_count);
-  }
-  if (in_place_count < count && (grad_reads == kReadFresh || (large && grad_reads == kReadLargeFresh))) {
+  int64_t fresh_elements = 0;
+  for (Py_ssize_t i = 0; i < count; ++i) fresh_elements += in_place[i] ? 0 : grads[i]->numel();
+  const int64_t fresh_count = count - in_place_count;
+  const bool large = max_fresh_average > 0 && fresh_elements > max_fresh_average * fresh_count;
+  const bool readable = grad_reads == kReadFresh && fresh_elements >= kMinReadAverage * fresh_count;
+  if (fresh_count > 0 && (readable || (large && grad_reads != kMoveFresh))) {
     PyObject* list = PyTuple_New(count);
     if (list == nullptr) return nullptr;
     for (Py_ssize_t i = 0; i < count; ++i) PyTuple_SET_ITEM(list, i, THPVariable_Wrap(*grads[i]));
-    return Py_BuildValue("inN", kReadInPlace, static_cast<Py_ssize_t>(count - in_place_count), list);
+    return Py_BuildValue("inN", kReadInPlace, static_cast<Py_ssize_t>(fresh_count), list);
   }
   if (large) return verdict(kLargeFreshGrads);
 

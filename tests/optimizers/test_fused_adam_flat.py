@@ -20,24 +20,32 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from apexlite._native import loader as _ext
-from apexlite.optimizers._adam_step import uses_kernel
 from apexlite.optimizers import FusedAdam, _flat_grads
 from tests.optimizers.adam_helpers import set_grads
 from tests.optimizers.flat_helpers import (  # noqa: F401 (grad_pass: a fixture)
-    COMBOS, HYPER, IMPLS, assert_same, count_calls, grad_pass, grads_for, make_params, twins,
+    COMBOS, HYPER, IMPLS, SHAPES, assert_same, count_calls, grad_pass, grads_for, make_params, twins,
 )
 
 
-@pytest.mark.parametrize("regime", ["fresh-grads", "kept-grads"])
+# averaging 104 elements: at least _flat_grads.MIN_READ_AVERAGE, so read where they are when fresh again
+READABLE_SHAPES = [(16, 8), (64,), (3, 40)]
+# regime -> (shapes, fresh grads every step): small fresh grads move into the grad buffer every step; larger
+# ones are read where they are from the second step (on apexlite's kernel; NOTE [flat grads])
+REGIMES = {"fresh-grads-moved": (SHAPES, True), "fresh-grads-read": (READABLE_SHAPES, True),
+           "kept-grads": (SHAPES, False)}
+
+
+@pytest.mark.parametrize("regime", sorted(REGIMES))
 @pytest.mark.parametrize("combo", COMBOS, ids=lambda c: "-".join(str(d).split(".")[-1] for d in c))
 @pytest.mark.parametrize("implementation", IMPLS)
 def test_flat_buffers_match_the_per_tensor_path(implementation, combo, regime):
     dtype, master_weights, grad_dtype, moment_dtype = combo
-    runs = twins(dtype, implementation, master_weights=master_weights, exp_avg_dtype=moment_dtype)
+    shapes, fresh = REGIMES[regime]
+    runs = twins(dtype, implementation, shapes=shapes, master_weights=master_weights, exp_avg_dtype=moment_dtype)
     for step in range(4):
         grads = grads_for(runs[0][0], grad_dtype, step)
         for params, opt in runs:
-            if regime == "fresh-grads" or step == 0:
+            if fresh or step == 0:
                 set_grads(params, grads)
             else:  # what autograd does to an existing .grad: add in place
                 for p, g in zip(params, grads):
@@ -144,9 +152,9 @@ def test_one_call_per_buffer_set_whatever_the_tensor_count(monkeypatch, count):
         for p in params:
             p.grad = torch.randn_like(p)
         opt.step()
-    # a float32 set and a bf16-with-masters set, each step: the first moves the fresh grads into the grad
-    # buffers; fresh again (a set_to_none loop), they are read where they are
-    assert calls == {"flat": 2, "read": 2 * 2, "lists": 0}
+    # a float32 set and a bf16-with-masters set, each step (grads this small move into the grad buffer each
+    # step rather than being read where they are: _flat_grads.MIN_READ_AVERAGE)
+    assert calls == {"flat": 2 * 3, "read": 0, "lists": 0}
 
 
 def test_a_first_step_without_grads_costs_no_rebuild(monkeypatch):
@@ -157,8 +165,7 @@ def test_a_first_step_without_grads_costs_no_rebuild(monkeypatch):
     for step in range(3):
         set_grads(params, grads_for(params, torch.float32, step))
         opt.step()
-    reads = uses_kernel("auto", torch.device("cpu"))  # only apexlite's kernels read fresh grads where they are
-    assert calls == ({"flat": 1, "read": 2, "lists": 0} if reads else {"flat": 3, "read": 0, "lists": 0})
+    assert calls == {"flat": 3, "read": 0, "lists": 0}
     assert all(float(opt.state[p]["step"]) == 3.0 for p in params)
 
 
@@ -220,9 +227,9 @@ def test_grads_keep_their_identity_and_live_in_the_buffer(grad_pass):
 @pytest.mark.parametrize("then", ["fresh", "kept", "zeroed-and-accumulated"])
 def test_fresh_grads_after_fresh_grads_are_read_where_they_are(grad_pass, monkeypatch, then):
     """A set_to_none loop: the first step moves the fresh grads into a grad buffer; from the next one
-    apexlite's kernel reads each where autograd left it (no copy, no new buffer, .grad untouched), until
-    the grads are kept in the buffer again; then as the per-tensor path throughout."""
-    runs = twins()
+    apexlite's kernel reads each where autograd left it (no copy, no new buffer, .grad untouched), and
+    the grads it read stay where they are when they are then kept; as the per-tensor path throughout."""
+    runs = twins(shapes=READABLE_SHAPES)
     calls = count_calls(monkeypatch)
     for step in range(5):
         grads = grads_for(runs[0][0], torch.float32, step)
@@ -244,6 +251,21 @@ def test_fresh_grads_after_fresh_grads_are_read_where_they_are(grad_pass, monkey
     assert_same(*runs)
     # the grads, once read where they are, stay where they are when kept: each later step reads them there
     assert calls == {"flat": 1, "read": 4, "lists": 5}
+
+
+@pytest.mark.parametrize("shapes, read", [([(4, 15), (63,)], False), ([(4, 16), (64,)], True)],
+                         ids=["63.5-elements-moved", "64-elements-read"])
+def test_fresh_grads_too_small_to_hand_over_move_every_step(grad_pass, monkeypatch, shapes, read):
+    runs = twins(shapes=shapes)
+    calls = count_calls(monkeypatch)
+    for step in range(3):
+        grads = grads_for(runs[0][0], torch.float32, step)
+        for params, opt in runs:
+            set_grads(params, grads)
+            opt.step()
+    assert_same(*runs)
+    assert _flat_grads.MIN_READ_AVERAGE == 64
+    assert calls == ({"flat": 1, "read": 2, "lists": 3} if read else {"flat": 3, "read": 0, "lists": 3})
 
 
 def test_grad_scaler_unscales_into_the_same_grad_tensors(grad_pass):

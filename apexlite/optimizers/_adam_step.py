@@ -152,9 +152,17 @@ def fused_adam_flat_grad_list_step(param: torch.Tensor, grads: Tuple[torch.Tenso
                                    exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, steps: torch.Tensor,
                                    model_copy: Optional[torch.Tensor], **hyper) -> None:
     """One step over flat buffers with each member's grad read where it is (the
-    ``apexlite::fused_adam_flat_grad_list_`` contract, ``csrc/torch/ops.cpp``): apexlite's kernels only."""
-    torch.ops.apexlite.fused_adam_flat_grad_list_(param, grads, offsets, exp_avg, exp_avg_sq, steps, model_copy,
-                                                  **hyper)
+    ``apexlite::fused_adam_flat_grad_list_`` contract, ``csrc/torch/ops.cpp``): apexlite's kernels only,
+    called through ``apexlite._C`` (torch.ops would check each grad for a __torch_function__ in Python)."""
+    module = _ext.native_module()
+    if module is None:  # (a CUDA kernel library without apexlite._C)
+        torch.ops.apexlite.fused_adam_flat_grad_list_(param, grads, offsets, exp_avg, exp_avg_sq, steps, model_copy,
+                                                      **hyper)
+        return
+    module.fused_adam_flat_grad_list(
+        param, grads, offsets, exp_avg, exp_avg_sq, steps, model_copy, hyper["lr"], hyper["beta1"], hyper["beta2"],
+        hyper["eps"], hyper["weight_decay"], hyper["bias_correction"], hyper["adam_w_mode"], hyper.get("grad_scale"),
+        hyper.get("found_inf"), hyper.get("unscale_grads", False))
 
 
 def flag_on(value: Union[None, float, torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:

@@ -150,3 +150,29 @@ def test_invalid_arguments_are_rejected_with_a_reason(case):
     with pytest.raises(RuntimeError, match=re.escape(message)):
         _call(flat, grads, offsets, **HYPER, bias_correction=True, adam_w_mode=True)
     assert torch.equal(flat[0], before)
+
+
+def test_the_native_entry_point_calls_the_op_with_a_tuple_of_grads():
+    """apexlite._C.fused_adam_flat_grad_list (what FusedAdam calls: no per-grad Python) is the op, bit for bit."""
+    from apexlite._native.loader import native_module
+
+    lists = tensor_lists(NUMELS, (torch.bfloat16, torch.float32, torch.float32, None))
+    expected = flat_of(lists)
+    flat, grads, offsets = _grad_list_args(lists)
+    scale = torch.tensor([512.0])
+    torch.ops.apexlite.fused_adam_flat_(*expected, **HYPER, bias_correction=True, adam_w_mode=False,
+                                        grad_scale=scale, unscale_grads=True)
+    param, _, exp_avg, exp_avg_sq, steps, copy = flat
+    native_module().fused_adam_flat_grad_list(param, tuple(grads), offsets, exp_avg, exp_avg_sq, steps, copy,
+                                              HYPER["lr"], HYPER["beta1"], HYPER["beta2"], HYPER["eps"],
+                                              HYPER["weight_decay"], True, False, scale, None, True)
+    for name, got, want in zip(ROLES, flat, expected):
+        if name != "grad" and want is not None:
+            _assert_bitwise(got, want, name)
+    _assert_bitwise(torch.cat(grads), expected[1], "the grads")
+    with pytest.raises(TypeError, match="tuple"):
+        native_module().fused_adam_flat_grad_list(param, list(grads), offsets, exp_avg, exp_avg_sq, steps, copy,
+                                                  1e-3, 0.9, 0.999, 1e-8, 0.0, True, True, None, None, False)
+    with pytest.raises(RuntimeError, match="a tuple of tensors"):
+        native_module().fused_adam_flat_grad_list(param, (grads[0], 3.0), offsets, exp_avg, exp_avg_sq, steps, copy,
+                                                  1e-3, 0.9, 0.999, 1e-8, 0.0, True, True, None, None, False)

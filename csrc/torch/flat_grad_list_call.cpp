@@ -1,0 +1,75 @@
+// apexlite._C.fused_adam_flat_grad_list: calls the apexlite::fused_adam_flat_grad_list_ op (ops.cpp) through
+// the dispatcher, its grads given as a tuple. torch.ops would check every element of a tensor list for a
+// __torch_function__ override in Python (about 100 ns a grad); this takes the grads as they are (plain
+// tensors, which FusedAdam's grad check handed over) and lets the op's own checks judge them.
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <vector>
+
+namespace apexlite {
+namespace {
+
+using GradListOp = void(const at::Tensor&, at::TensorList, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                        const at::Tensor&, const c10::optional<at::Tensor>&, double, double, double, double, double,
+                        bool, bool, const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&, bool);
+
+c10::optional<at::Tensor> optional_tensor(PyObject* object) {
+  if (object == Py_None) return c10::nullopt;
+  return THPVariable_Unpack(object);
+}
+
+bool all_tensors(PyObject* objects) {
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(objects); ++i) {
+    if (!THPVariable_Check(PyTuple_GET_ITEM(objects, i))) return false;
+  }
+  return true;
+}
+
+PyObject* fused_adam_flat_grad_list(PyObject* /*module*/, PyObject* args) {
+  HANDLE_TH_ERRORS
+  PyObject *param, *grads, *offsets, *exp_avg, *exp_avg_sq, *steps, *model_copy, *grad_scale, *found_inf;
+  double lr, beta1, beta2, eps, weight_decay;
+  int bias_correction, adam_w_mode, unscale_grads;
+  if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!OdddddppOOp", THPVariableClass, &param, &PyTuple_Type, &grads,
+                        THPVariableClass, &offsets, THPVariableClass, &exp_avg, THPVariableClass, &exp_avg_sq,
+                        THPVariableClass, &steps, &model_copy, &lr, &beta1, &beta2, &eps, &weight_decay,
+                        &bias_correction, &adam_w_mode, &grad_scale, &found_inf, &unscale_grads)) {
+    return nullptr;
+  }
+  TORCH_CHECK(all_tensors(grads), "apexlite._C.fused_adam_flat_grad_list: grads must be a tuple of tensors");
+  std::vector<at::Tensor> grad_list;
+  grad_list.reserve(PyTuple_GET_SIZE(grads));
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(grads); ++i) {
+    grad_list.push_back(THPVariable_Unpack(PyTuple_GET_ITEM(grads, i)));
+  }
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("apexlite::fused_adam_flat_grad_list_", "")
+                             .typed<GradListOp>();
+  {
+    pybind11::gil_scoped_release no_gil;
+    op.call(THPVariable_Unpack(param), grad_list, THPVariable_Unpack(offsets), THPVariable_Unpack(exp_avg),
+            THPVariable_Unpack(exp_avg_sq), THPVariable_Unpack(steps), optional_tensor(model_copy), lr, beta1, beta2,
+            eps, weight_decay, bias_correction != 0, adam_w_mode != 0, optional_tensor(grad_scale),
+            optional_tensor(found_inf), unscale_grads != 0);
+  }
+  Py_RETURN_NONE;
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef kFunctions[] = {
+    {"fused_adam_flat_grad_list", fused_adam_flat_grad_list, METH_VARARGS,
+     "fused_adam_flat_grad_list(param, grads, offsets, exp_avg, exp_avg_sq, steps, model_copy, lr, beta1, beta2, eps, "
+     "weight_decay, bias_correction, adam_w_mode, grad_scale, found_inf, unscale_grads): the "
+     "apexlite::fused_adam_flat_grad_list_ op, grads a tuple (csrc/torch/ops.cpp)"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+}  // namespace
+
+int register_flat_grad_list_call(PyObject* module) { return PyModule_AddFunctions(module, kFunctions); }
+
+}  // namespace apexlite

@@ -14,7 +14,7 @@ Paths (``implementation``):
 from __future__ import annotations
 
 import functools
-from typing import Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
@@ -137,9 +137,14 @@ def fused_adam_flat_step(
     **hyper,
 ) -> None:
     """One step over flat buffers (the ``apexlite::fused_adam_flat_`` contract, ``csrc/torch/ops.cpp``) on
-    ``path``, "kernel" or "torch" (see :func:`resolve`); ``hyper`` holds fused_adam_step's keywords."""
+    ``path``, "kernel" or "torch" (see :func:`resolve`); ``hyper`` holds fused_adam_step's keywords. The
+    kernel is called through apexlite._C's direct op calls (1.5 us a call against torch.ops' 5.7)."""
     if path == "kernel":
-        torch.ops.apexlite.fused_adam_flat_(param, grad, exp_avg, exp_avg_sq, steps, model_copy, **hyper)
+        module = _ext.native_module()
+        if module is None:  # (a CUDA kernel library without apexlite._C)
+            torch.ops.apexlite.fused_adam_flat_(param, grad, exp_avg, exp_avg_sq, steps, model_copy, **hyper)
+            return
+        module.fused_adam_flat(param, grad, exp_avg, exp_avg_sq, steps, model_copy, *_positional(hyper))
         return
     if path != "torch":
         raise ValueError(f"flat buffers run on the kernel or torch path, not {path!r}")
@@ -152,17 +157,19 @@ def fused_adam_flat_grad_list_step(param: torch.Tensor, grads: Tuple[torch.Tenso
                                    exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, steps: torch.Tensor,
                                    model_copy: Optional[torch.Tensor], **hyper) -> None:
     """One step over flat buffers with each member's grad read where it is (the
-    ``apexlite::fused_adam_flat_grad_list_`` contract, ``csrc/torch/ops.cpp``): apexlite's kernels only,
-    called through ``apexlite._C`` (torch.ops would check each grad for a __torch_function__ in Python)."""
+    ``apexlite::fused_adam_flat_grad_list_`` contract, ``csrc/torch/ops.cpp``): apexlite's kernels only."""
     module = _ext.native_module()
     if module is None:  # (a CUDA kernel library without apexlite._C)
         torch.ops.apexlite.fused_adam_flat_grad_list_(param, grads, offsets, exp_avg, exp_avg_sq, steps, model_copy,
                                                       **hyper)
         return
-    module.fused_adam_flat_grad_list(
-        param, grads, offsets, exp_avg, exp_avg_sq, steps, model_copy, hyper["lr"], hyper["beta1"], hyper["beta2"],
-        hyper["eps"], hyper["weight_decay"], hyper["bias_correction"], hyper["adam_w_mode"], hyper.get("grad_scale"),
-        hyper.get("found_inf"), hyper.get("unscale_grads", False))
+    module.fused_adam_flat_grad_list(param, grads, offsets, exp_avg, exp_avg_sq, steps, model_copy, *_positional(hyper))
+
+
+def _positional(hyper: Dict[str, Any]) -> Tuple[Any, ...]:
+    """fused_adam_step's keywords in the order of apexlite._C's direct op calls (csrc/torch/op_calls.cpp)."""
+    return (hyper["lr"], hyper["beta1"], hyper["beta2"], hyper["eps"], hyper["weight_decay"], hyper["bias_correction"],
+            hyper["adam_w_mode"], hyper.get("grad_scale"), hyper.get("found_inf"), hyper.get("unscale_grads", False))
 
 
 def flag_on(value: Union[None, float, torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:

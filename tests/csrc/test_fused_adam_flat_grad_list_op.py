@@ -4,7 +4,8 @@ Its update must equal, bit for bit, the flat op's over the same buffers with the
 one grad buffer (which the flat op tests pin to the list op), for every dtype combination, both Adam
 modes, with and without a loss scale (the unscaled grads written into each grad tensor), with a gap
 between ranges (left as it is), with ``found_inf`` set (nothing written, counters kept), and its checks
-refuse what it cannot read.
+refuse what it cannot read. Also apexlite._C's direct calls of this op and of the flat op (what FusedAdam
+calls each step, csrc/torch/op_calls.cpp) against torch.ops.
 """
 from __future__ import annotations
 
@@ -176,3 +177,22 @@ def test_the_native_entry_point_calls_the_op_with_a_tuple_of_grads():
     with pytest.raises(RuntimeError, match="a tuple of tensors"):
         native_module().fused_adam_flat_grad_list(param, (grads[0], 3.0), offsets, exp_avg, exp_avg_sq, steps, copy,
                                                   1e-3, 0.9, 0.999, 1e-8, 0.0, True, True, None, None, False)
+
+
+def test_the_native_flat_entry_point_is_the_flat_op():
+    """apexlite._C.fused_adam_flat (FusedAdam's call of the flat op, positional) against torch.ops, bit for bit."""
+    from apexlite._native.loader import native_module
+
+    combo = (torch.float32, torch.bfloat16, torch.bfloat16, torch.float16)
+    expected, got = flat_of(tensor_lists(NUMELS, combo)), flat_of(tensor_lists(NUMELS, combo))
+    scale, found = torch.tensor([64.0]), torch.zeros(1)
+    torch.ops.apexlite.fused_adam_flat_(*expected, **HYPER, bias_correction=False, adam_w_mode=True,
+                                        grad_scale=scale, found_inf=found, unscale_grads=True)
+    native_module().fused_adam_flat(*got, HYPER["lr"], HYPER["beta1"], HYPER["beta2"], HYPER["eps"],
+                                    HYPER["weight_decay"], False, True, scale, found, True)
+    for name, a, b in zip(ROLES, got, expected):
+        if b is not None:
+            _assert_bitwise(a, b, name)
+    with pytest.raises(RuntimeError, match="contiguous 1-D tensor"):
+        native_module().fused_adam_flat(got[0], got[1][:-1], *got[2:], 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True,
+                                        None, None, False)

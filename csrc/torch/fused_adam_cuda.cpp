@@ -29,6 +29,39 @@ std::vector<void*> pointers(at::TensorList list) {
   return out;
 }
 
+// One call of the list kernel (csrc/cuda/fused_adam.cu): per-tensor device pointers in host arrays, and
+// each list's element type (copy_kind is ignored when `copies` is empty).
+struct ListCall {
+  std::vector<void*> params, grads, exp_avgs, exp_avg_sqs, copies;
+  std::vector<float*> steps;
+  std::vector<int64_t> numels;
+  cuda::FloatKind param_kind, grad_kind, moment_kind, copy_kind;
+};
+
+void launch_list_call(const ListCall& call, const AdamHyper& hyper, bool adam_w_mode,
+                      const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf,
+                      bool unscale_grads, const char* op) {
+  cuda::AdamTensorLists lists;
+  lists.params = call.params.data();
+  lists.grads = call.grads.data();
+  lists.exp_avgs = call.exp_avgs.data();
+  lists.exp_avg_sqs = call.exp_avg_sqs.data();
+  lists.model_copies = call.copies.empty() ? nullptr : call.copies.data();
+  lists.steps = call.steps.data();
+  lists.numels = call.numels.data();
+  lists.count = static_cast<int64_t>(call.params.size());
+  lists.param_kind = call.param_kind;
+  lists.grad_kind = call.grad_kind;
+  lists.moment_kind = call.moment_kind;
+  lists.copy_kind = call.copy_kind;
+  lists.unscale_grads = unscale_grads;
+  const cudaError_t error = cuda::launch_fused_adam(
+      lists, hyper, adam_w_mode ? AdamMode::kDecoupled : AdamMode::kL2,
+      grad_scale.has_value() ? grad_scale->data_ptr<float>() : nullptr,
+      found_inf.has_value() ? found_inf->data_ptr<float>() : nullptr, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(error == cudaSuccess, "apexlite.", op, ": CUDA launch failed: ", cudaGetErrorString(error));
+}
+
 void fused_adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                      at::TensorList exp_avg_sqs, at::TensorList state_steps, at::TensorList model_copies,
                      double lr, double beta1, double beta2, double eps, double weight_decay,
@@ -38,35 +71,15 @@ void fused_adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList
                         found_inf, at::kCUDA);
   if (params.empty()) return;
   const c10::cuda::CUDAGuard device_guard(params[0].device());
-  const std::vector<void*> param_ptrs = pointers(params), grad_ptrs = pointers(grads),
-                           exp_avg_ptrs = pointers(exp_avgs), exp_avg_sq_ptrs = pointers(exp_avg_sqs),
-                           copy_ptrs = pointers(model_copies);
-  std::vector<float*> step_ptrs;
-  std::vector<int64_t> numels;
+  ListCall call{pointers(params), pointers(grads), pointers(exp_avgs), pointers(exp_avg_sqs), pointers(model_copies),
+                {}, {}, kind_of(params[0]), kind_of(grads[0]), kind_of(exp_avgs[0]),
+                model_copies.empty() ? cuda::FloatKind::kFloat16 : kind_of(model_copies[0])};
   for (size_t i = 0; i < params.size(); ++i) {
-    step_ptrs.push_back(state_steps[i].data_ptr<float>());
-    numels.push_back(params[i].numel());
+    call.steps.push_back(state_steps[i].data_ptr<float>());
+    call.numels.push_back(params[i].numel());
   }
-  cuda::AdamTensorLists lists;
-  lists.params = param_ptrs.data();
-  lists.grads = grad_ptrs.data();
-  lists.exp_avgs = exp_avg_ptrs.data();
-  lists.exp_avg_sqs = exp_avg_sq_ptrs.data();
-  lists.model_copies = model_copies.empty() ? nullptr : copy_ptrs.data();
-  lists.steps = step_ptrs.data();
-  lists.numels = numels.data();
-  lists.count = static_cast<int64_t>(params.size());
-  lists.param_kind = kind_of(params[0]);
-  lists.grad_kind = kind_of(grads[0]);
-  lists.moment_kind = kind_of(exp_avgs[0]);
-  lists.copy_kind = model_copies.empty() ? cuda::FloatKind::kFloat16 : kind_of(model_copies[0]);
-  lists.unscale_grads = unscale_grads;
-  const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, bias_correction};
-  const cudaError_t error = cuda::launch_fused_adam(
-      lists, hyper, adam_w_mode ? AdamMode::kDecoupled : AdamMode::kL2,
-      grad_scale.has_value() ? grad_scale->data_ptr<float>() : nullptr,
-      found_inf.has_value() ? found_inf->data_ptr<float>() : nullptr, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(error == cudaSuccess, "apexlite.fused_adam_: CUDA launch failed: ", cudaGetErrorString(error));
+  launch_list_call(call, AdamHyper{lr, beta1, beta2, eps, weight_decay, bias_correction}, adam_w_mode, grad_scale,
+                   found_inf, unscale_grads, "fused_adam_");
 }
 
 void fused_adam_flat_cuda(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
@@ -118,36 +131,16 @@ void fused_adam_flat_grad_list_cuda(const at::Tensor& param, at::TensorList grad
     for (size_t i = 0; i < grads.size(); ++i) out[i] = base + starts[i] * buffer.element_size();
     return out;
   };
-  const std::vector<void*> param_ptrs = at_offsets(param), grad_ptrs = pointers(grads),
-                           exp_avg_ptrs = at_offsets(exp_avg), exp_avg_sq_ptrs = at_offsets(exp_avg_sq),
-                           copy_ptrs = model_copy.has_value() ? at_offsets(*model_copy) : std::vector<void*>();
-  std::vector<float*> step_ptrs(grads.size());
-  std::vector<int64_t> numels(grads.size());
+  ListCall call{at_offsets(param), pointers(grads), at_offsets(exp_avg), at_offsets(exp_avg_sq),
+                model_copy.has_value() ? at_offsets(*model_copy) : std::vector<void*>(), {}, {}, kind_of(param),
+                kind_of(grads[0]), kind_of(exp_avg),
+                model_copy.has_value() ? kind_of(*model_copy) : cuda::FloatKind::kFloat16};
   for (size_t i = 0; i < grads.size(); ++i) {
-    step_ptrs[i] = steps.data_ptr<float>() + i;
-    numels[i] = grads[i].numel();
+    call.steps.push_back(steps.data_ptr<float>() + i);
+    call.numels.push_back(grads[i].numel());
   }
-  cuda::AdamTensorLists lists;
-  lists.params = param_ptrs.data();
-  lists.grads = grad_ptrs.data();
-  lists.exp_avgs = exp_avg_ptrs.data();
-  lists.exp_avg_sqs = exp_avg_sq_ptrs.data();
-  lists.model_copies = model_copy.has_value() ? copy_ptrs.data() : nullptr;
-  lists.steps = step_ptrs.data();
-  lists.numels = numels.data();
-  lists.count = static_cast<int64_t>(grads.size());
-  lists.param_kind = kind_of(param);
-  lists.grad_kind = kind_of(grads[0]);
-  lists.moment_kind = kind_of(exp_avg);
-  lists.copy_kind = model_copy.has_value() ? kind_of(*model_copy) : cuda::FloatKind::kFloat16;
-  lists.unscale_grads = unscale_grads;
-  const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, bias_correction};
-  const cudaError_t error = cuda::launch_fused_adam(
-      lists, hyper, adam_w_mode ? AdamMode::kDecoupled : AdamMode::kL2,
-      grad_scale.has_value() ? grad_scale->data_ptr<float>() : nullptr,
-      found_inf.has_value() ? found_inf->data_ptr<float>() : nullptr, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(error == cudaSuccess, "apexlite.fused_adam_flat_grad_list_: CUDA launch failed: ",
-              cudaGetErrorString(error));
+  launch_list_call(call, AdamHyper{lr, beta1, beta2, eps, weight_decay, bias_correction}, adam_w_mode, grad_scale,
+                   found_inf, unscale_grads, "fused_adam_flat_grad_list_");
 }
 
 }  // namespace

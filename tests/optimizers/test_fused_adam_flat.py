@@ -311,3 +311,69 @@ def test_a_grad_kept_from_an_earlier_step_keeps_its_values(grad_pass, replaced):
     opt.step()
     assert torch.equal(kept, kept_values)
     assert torch.equal(params[1].grad, fresh[1])
+
+
+def _laid_out(seed=4):
+    """A channels_last conv weight, a transposed matrix and a plain one (288, 144 and 100 elements)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(8, 4, 3, 3, generator=gen).to(memory_format=torch.channels_last)),
+            torch.nn.Parameter(torch.randn(16, 9, generator=gen).t()),
+            torch.nn.Parameter(torch.randn(10, 10, generator=gen))]
+
+
+# grads' layout in a set_to_none loop -> (calls with the grad buffer, calls reading grads in place) of 4 steps
+GRAD_LAYOUTS = {
+    "like-the-params": (1, 3),  # moved at the first step, then read where they are, in their layouts
+    "contiguous": (0, 0),  # a channels_last / transposed param's contiguous grad: the set goes per tensor
+    # moved, read in place, then a stride-0 grad (no dense block) sends the set per tensor at steps 2 and 3
+    "expanded-from-step-2": (1, 1),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(GRAD_LAYOUTS))
+def test_fresh_grads_in_their_params_layouts_are_read_in_place(grad_pass, monkeypatch, layout):
+    runs = []
+    for flat in (True, False):
+        params = _laid_out()
+        runs.append((params, FusedAdam(params, implementation="kernel", flat_buffers=flat, **HYPER)))
+    if not _ext.kernels_available("cpu"):
+        pytest.skip("compiled CPU kernel not built")
+    calls = count_calls(monkeypatch)
+    for step in range(4):
+        gen = torch.Generator().manual_seed(10 + step)
+        values = [torch.randn(p.shape, generator=gen) for p in runs[0][0]]
+        for params, opt in runs:
+            for index, (p, v) in enumerate(zip(params, values)):
+                if layout == "contiguous":
+                    p.grad = v.clone()
+                elif layout == "expanded-from-step-2" and step >= 2 and index == 2:
+                    p.grad = v[:1].expand_as(p)
+                else:
+                    p.grad = torch.empty_like(p).copy_(v)  # (empty_like keeps the param's strides)
+            opt.step()
+    assert_same(*runs)
+    assert runs[0][0][0].is_contiguous(memory_format=torch.channels_last) and not runs[0][0][1].is_contiguous()
+    flat_calls, read_calls = GRAD_LAYOUTS[layout]
+    assert calls == {"flat": flat_calls, "read": read_calls, "lists": 4 + 4 - flat_calls - read_calls}
+
+
+def test_an_overflowing_step_on_grads_read_in_place_leaves_everything_bit_identical(grad_pass, monkeypatch):
+    params = make_params(shapes=READABLE_SHAPES)
+    opt = FusedAdam(params, implementation="kernel" if _ext.kernels_available("cpu") else "auto", **HYPER)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    calls = count_calls(monkeypatch)
+    for step in range(3):
+        grads = grads_for(params, torch.float32, step)
+        if step == 2:
+            grads[1][5] = float("inf")
+        scaler.scale(torch.ones(()))
+        for p, g in zip(params, grads):
+            p.grad = g * 256.0
+        before = [p.detach().clone() for p in params], {k: v.clone() for k, v in opt.state[params[0]].items()}
+        scaler.step(opt)
+        scaler.update()
+    assert all(torch.equal(p, b) for p, b in zip(params, before[0]))
+    assert all(torch.equal(opt.state[params[0]][k], v) for k, v in before[1].items())
+    assert scaler.get_scale() == 128.0
+    if _ext.kernels_available("cpu"):
+        assert calls == {"flat": 1, "read": 2, "lists": 0}  # the overflowing step's call is told found_inf

@@ -170,8 +170,9 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
     if reason:
         return _verdict(reason)
     fresh = [grad.numel() for grad, mine in zip(grads, in_place) if not mine]
-    large = max_fresh_average > 0 and sum(fresh) > max_fresh_average * len(fresh)
-    readable = grad_reads == READ_FRESH and sum(fresh) >= MIN_READ_AVERAGE * len(fresh)
+    fresh_elements = sum(fresh)
+    large = max_fresh_average > 0 and fresh_elements > max_fresh_average * len(fresh)
+    readable = grad_reads == READ_FRESH and fresh_elements >= MIN_READ_AVERAGE * len(fresh)
     if fresh and (readable or (large and grad_reads != MOVE_FRESH)):
         bump_versions(members)  # the kernel writes them through raw pointers
         return READ_IN_PLACE, len(fresh), tuple(grads)

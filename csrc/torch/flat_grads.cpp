@@ -206,7 +206,7 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   // which is safe because nothing in this call runs Python or touches a param's grad.
   std::vector<const at::Tensor*> grads(count);
   std::vector<bool> in_place(count, false);
-  int64_t in_place_count = 0;
+  int64_t in_place_count = 0, fresh_elements = 0;
   int reason = kNone;
   for (Py_ssize_t i = 0; i < count; ++i) {
     prefetch_member(members, i, count);
@@ -238,10 +238,9 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
     grads[i] = &grad;
     in_place[i] = mine;
     in_place_count += mine ? 1 : 0;
+    fresh_elements += mine ? 0 : grad.numel();
   }
   if (reason) return verdict(reason);
-  int64_t fresh_elements = 0;
-  for (Py_ssize_t i = 0; i < count; ++i) fresh_elements += in_place[i] ? 0 : grads[i]->numel();
   const int64_t fresh_count = count - in_place_count;
   const bool large = max_fresh_average > 0 && fresh_elements > max_fresh_average * fresh_count;
   const bool readable = grad_reads == kReadFresh && fresh_elements >= kMinReadAverage * fresh_count;

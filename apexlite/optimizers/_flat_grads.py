@@ -20,12 +20,12 @@ NOTE [flat grads]
 - Fresh grads again right after a step that found fresh grads (a zero_grad(set_to_none=True) loop,
   where a copy would be paid every step, into a new buffer) are read where they are when apexlite's
   kernels step the set (READ_FRESH): ``apexlite::fused_adam_flat_grad_list_`` takes the flat buffers and
-  the grads as a list, one launch per 32 grads on a GPU, one pass on the CPU, and nothing is copied
-  or re-pointed. So the first step of a set_to_none loop moves its grads (a loop that then keeps them
+  the grads as a list (on a GPU one launch whatever their number, over a table of the grads' runs
+  handed to the device each step; on the CPU one pass), and nothing is copied or re-pointed. So the first step of a set_to_none loop moves its grads (a loop that then keeps them
   copies nothing from then on) and the later ones read them in place; once read in place, kept grads
   are read there too (they are not in the buffer). Fresh grads averaging fewer than MIN_READ_AVERAGE
-  elements move all the same: handing a grad over costs about 50 ns on the CPU (and a 32nd of a launch on
-  a GPU), more than copying a few dozen floats (2,000 x 16 floats: 0.98 ms a step + zero_grad read in
+  elements move all the same: handing a grad over costs about 50 ns on the CPU (and a table entry on a
+  GPU), more than copying a few dozen floats (2,000 x 16 floats: 0.98 ms a step + zero_grad read in
   place, 0.87 moved, on the CI VM). Only fresh grads that could move (memory of their
   own, no other tensor on it) are read in place; the others take the per-tensor path as before.
 - On the CPU, fresh grads averaging more than MAX_FRESH_AVERAGE_CPU elements are not copied even once

@@ -32,13 +32,13 @@ __global__ void __launch_bounds__(kGatherBlockSize) flat_gather_kernel(char* fla
   const char* source = reinterpret_cast<const char*>(entry.source);
   char* target = flat + entry.target;
   const uint64_t alignment = reinterpret_cast<uint64_t>(source) | reinterpret_cast<uint64_t>(target) |
-                             static_cast<uint64_t>(entry.bytes);
+                             static_cast<uint64_t>(entry.length);
   if (alignment % 16 == 0) {
-    copy_units<Bytes16>(source, target, entry.bytes);
+    copy_units<Bytes16>(source, target, entry.length);
   } else if (alignment % 4 == 0) {
-    copy_units<uint32_t>(source, target, entry.bytes);
+    copy_units<uint32_t>(source, target, entry.length);
   } else {
-    copy_units<uint16_t>(source, target, entry.bytes);
+    copy_units<uint16_t>(source, target, entry.length);
   }
 }
 

@@ -62,12 +62,22 @@ struct AdamFlatBuffers {
 cudaError_t launch_fused_adam_flat(const AdamFlatBuffers& buffers, const AdamHyper& hyper, AdamMode mode,
                                    const float* grad_scale, const float* found_inf, cudaStream_t stream);
 
-struct GatherEntry;  // flat_gather.h
+struct ChunkEntry;  // chunk_table.h
 constexpr int64_t kMaxGridBlocks = 1 << 30;  // blocks per launch (the device allows 2^31 - 1)
 
+// The flat buffers' elements of many grads' ranges, each grad read where it is (apexlite::
+// fused_adam_flat_grad_list_): `table` is device memory holding `entries` chunk-table entries counted in
+// elements, each a run of one grad (source) and of the buffers from element `target` on, at most
+// kGradChunkElems long; `buffers.grad` is unused. One launch for the update whatever the number of grads,
+// one for the counters; found_inf as for launch_fused_adam.
+constexpr int64_t kGradChunkElems = 1 << 14;  // 8 loop turns of a block of 256 threads x 8 elements
+cudaError_t launch_fused_adam_flat_table(const AdamFlatBuffers& buffers, const ChunkEntry* table, int64_t entries,
+                                         const AdamHyper& hyper, AdamMode mode, const float* grad_scale,
+                                         const float* found_inf, cudaStream_t stream);
+
 // Enqueues the copy of every table entry's bytes into `flat` (a device buffer) on `stream`; `table` is
-// device memory holding `entries` entries (flat_gather.h).
-cudaError_t launch_flat_gather(void* flat, const GatherEntry* table, int64_t entries, cudaStream_t stream);
+// device memory holding `entries` entries counted in bytes (flat_gather.h).
+cudaError_t launch_flat_gather(void* flat, const ChunkEntry* table, int64_t entries, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace apexlite

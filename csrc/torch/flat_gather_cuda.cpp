@@ -6,12 +6,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <cstring>
 #include <vector>
 
 #include "../cuda/flat_gather.h"
 #include "../cuda/launchers.h"
 #include "checks.h"
+#include "device_table.h"
 
 namespace apexlite {
 namespace {
@@ -33,10 +33,7 @@ void flat_gather_cuda(const at::Tensor& flat, at::TensorList sources, at::IntArr
   const std::vector<cuda::GatherEntry> table =
       cuda::gather_table(from.data(), to.data(), bytes.data(), static_cast<int64_t>(from.size()));
   if (table.empty()) return;
-  const int64_t table_bytes = static_cast<int64_t>(table.size() * sizeof(cuda::GatherEntry));
-  at::Tensor host = at::empty({table_bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-  std::memcpy(host.data_ptr(), table.data(), table_bytes);
-  const at::Tensor on_device = host.to(flat.device(), /*non_blocking=*/true);  // (the host block is kept until copied)
+  const at::Tensor on_device = device_table(table, flat.device());
   const cudaError_t error = cuda::launch_flat_gather(flat.data_ptr(), static_cast<const cuda::GatherEntry*>(on_device.data_ptr()),
                                                      static_cast<int64_t>(table.size()), at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(error == cudaSuccess, "apexlite.flat_gather_: CUDA launch failed: ", cudaGetErrorString(error));

@@ -1,6 +1,6 @@
 // CUDA bindings of apexlite::fused_adam_, fused_adam_flat_ and fused_adam_flat_grad_list_: validate the
 // tensors (checks.h), turn them into raw pointers and hand them to the torch-free launchers in
-// csrc/cuda/fused_adam.cu and fused_adam_flat.cu on torch's current stream. Nothing here waits for the device.
+// csrc/cuda/fused_adam.cu, fused_adam_flat.cu and fused_adam_flat_table.cu on torch's current stream. Nothing here waits for the device.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -8,8 +8,10 @@
 
 #include <vector>
 
+#include "../cuda/chunk_table.h"
 #include "../cuda/launchers.h"
 #include "checks.h"
+#include "device_table.h"
 
 namespace apexlite {
 namespace {
@@ -82,6 +84,28 @@ void fused_adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList
                    found_inf, unscale_grads, "fused_adam_");
 }
 
+// The flat launchers' view of the buffers; without a grad buffer (`grad` undefined: the grads come by
+// table) the grad pointer is null and the grad kind is the caller's to set.
+cuda::AdamFlatBuffers flat_buffers(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                                   const at::Tensor& exp_avg_sq, const at::Tensor& steps,
+                                   const c10::optional<at::Tensor>& model_copy, bool unscale_grads) {
+  cuda::AdamFlatBuffers buffers;
+  buffers.param = param.data_ptr();
+  buffers.grad = grad.defined() ? grad.data_ptr() : nullptr;
+  buffers.exp_avg = exp_avg.data_ptr();
+  buffers.exp_avg_sq = exp_avg_sq.data_ptr();
+  buffers.model_copy = model_copy.has_value() ? model_copy->data_ptr() : nullptr;
+  buffers.steps = steps.data_ptr<float>();
+  buffers.numel = param.numel();
+  buffers.step_count = steps.numel();
+  buffers.param_kind = kind_of(param);
+  buffers.grad_kind = grad.defined() ? kind_of(grad) : cuda::FloatKind::kFloat32;
+  buffers.moment_kind = kind_of(exp_avg);
+  buffers.copy_kind = model_copy.has_value() ? kind_of(*model_copy) : cuda::FloatKind::kFloat16;
+  buffers.unscale_grads = unscale_grads;
+  return buffers;
+}
+
 void fused_adam_flat_cuda(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                           const at::Tensor& exp_avg_sq, const at::Tensor& steps,
                           const c10::optional<at::Tensor>& model_copy, double lr, double beta1, double beta2,
@@ -90,20 +114,7 @@ void fused_adam_flat_cuda(const at::Tensor& param, const at::Tensor& grad, const
                           bool unscale_grads) {
   check_fused_adam_flat_args(param, grad, exp_avg, exp_avg_sq, steps, model_copy, grad_scale, found_inf, at::kCUDA);
   const c10::cuda::CUDAGuard device_guard(param.device());
-  cuda::AdamFlatBuffers buffers;
-  buffers.param = param.data_ptr();
-  buffers.grad = grad.data_ptr();
-  buffers.exp_avg = exp_avg.data_ptr();
-  buffers.exp_avg_sq = exp_avg_sq.data_ptr();
-  buffers.model_copy = model_copy.has_value() ? model_copy->data_ptr() : nullptr;
-  buffers.steps = steps.data_ptr<float>();
-  buffers.numel = param.numel();
-  buffers.step_count = steps.numel();
-  buffers.param_kind = kind_of(param);
-  buffers.grad_kind = kind_of(grad);
-  buffers.moment_kind = kind_of(exp_avg);
-  buffers.copy_kind = model_copy.has_value() ? kind_of(*model_copy) : cuda::FloatKind::kFloat16;
-  buffers.unscale_grads = unscale_grads;
+  const cuda::AdamFlatBuffers buffers = flat_buffers(param, grad, exp_avg, exp_avg_sq, steps, model_copy, unscale_grads);
   const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, bias_correction};
   const cudaError_t error = cuda::launch_fused_adam_flat(
       buffers, hyper, adam_w_mode ? AdamMode::kDecoupled : AdamMode::kL2,
@@ -112,8 +123,10 @@ void fused_adam_flat_cuda(const at::Tensor& param, const at::Tensor& grad, const
   TORCH_CHECK(error == cudaSuccess, "apexlite.fused_adam_flat_: CUDA launch failed: ", cudaGetErrorString(error));
 }
 
-// Each grad's range of the flat buffers as one tensor of the list kernel (csrc/cuda/fused_adam.cu), its
-// counter one entry of `steps`: the grads are read where they are, in one launch per 32 ranges.
+// The flat buffers' elements of each grad's range, the grads read where they are: a chunk table of the
+// grads' runs (csrc/cuda/chunk_table.h) built in one pass on the host and handed to the device without
+// waiting, then one launch of the table kernel (csrc/cuda/fused_adam_flat_table.cu) and one for the
+// counters, whatever the number of grads.
 void fused_adam_flat_grad_list_cuda(const at::Tensor& param, at::TensorList grads, const at::Tensor& offsets,
                                     const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& steps,
                                     const c10::optional<at::Tensor>& model_copy, double lr, double beta1,
@@ -124,23 +137,25 @@ void fused_adam_flat_grad_list_cuda(const at::Tensor& param, at::TensorList grad
   check_flat_grad_list(param, grads, offsets, steps);
   if (grads.empty()) return;
   const c10::cuda::CUDAGuard device_guard(param.device());
-  const int64_t* starts = offsets.data_ptr<int64_t>();
-  const auto at_offsets = [&](const at::Tensor& buffer) {
-    std::vector<void*> out(grads.size());
-    char* base = static_cast<char*>(buffer.data_ptr());
-    for (size_t i = 0; i < grads.size(); ++i) out[i] = base + starts[i] * buffer.element_size();
-    return out;
-  };
-  ListCall call{at_offsets(param), pointers(grads), at_offsets(exp_avg), at_offsets(exp_avg_sq),
-                model_copy.has_value() ? at_offsets(*model_copy) : std::vector<void*>(), {}, {}, kind_of(param),
-                kind_of(grads[0]), kind_of(exp_avg),
-                model_copy.has_value() ? kind_of(*model_copy) : cuda::FloatKind::kFloat16};
+  std::vector<uint64_t> sources(grads.size());
+  std::vector<int64_t> numels(grads.size());
   for (size_t i = 0; i < grads.size(); ++i) {
-    call.steps.push_back(steps.data_ptr<float>() + i);
-    call.numels.push_back(grads[i].numel());
+    sources[i] = reinterpret_cast<uint64_t>(grads[i].data_ptr());
+    numels[i] = grads[i].numel();
   }
-  launch_list_call(call, AdamHyper{lr, beta1, beta2, eps, weight_decay, bias_correction}, adam_w_mode, grad_scale,
-                   found_inf, unscale_grads, "fused_adam_flat_grad_list_");
+  const std::vector<cuda::ChunkEntry> table =
+      cuda::chunk_table(sources.data(), offsets.data_ptr<int64_t>(), numels.data(), static_cast<int64_t>(grads.size()),
+                        cuda::kGradChunkElems, grads[0].element_size());
+  const at::Tensor on_device = device_table(table, param.device());
+  cuda::AdamFlatBuffers buffers = flat_buffers(param, at::Tensor(), exp_avg, exp_avg_sq, steps, model_copy, unscale_grads);
+  buffers.grad_kind = kind_of(grads[0]);
+  const cudaError_t error = cuda::launch_fused_adam_flat_table(
+      buffers, static_cast<const cuda::ChunkEntry*>(on_device.data_ptr()), static_cast<int64_t>(table.size()),
+      AdamHyper{lr, beta1, beta2, eps, weight_decay, bias_correction}, adam_w_mode ? AdamMode::kDecoupled : AdamMode::kL2,
+      grad_scale.has_value() ? grad_scale->data_ptr<float>() : nullptr,
+      found_inf.has_value() ? found_inf->data_ptr<float>() : nullptr, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(error == cudaSuccess, "apexlite.fused_adam_flat_grad_list_: CUDA launch failed: ",
+              cudaGetErrorString(error));
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-"""The CUDA kernels' own source (csrc/cuda/fused_adam.cu, fused_adam_flat.cu, flat_gather.cu) built for the
-CPU with g++ and called via ctypes.
+"""The CUDA kernels' own source (csrc/cuda/fused_adam.cu, fused_adam_flat.cu, fused_adam_flat_table.cu,
+flat_gather.cu) built for the CPU with g++ and called via ctypes.
 
 ``csrc/cuda/host_emulation.h`` stands in for the CUDA built-ins; every launch runs each block and
 thread serially (see that header for why this is exact). The library is built once per source
@@ -23,7 +23,8 @@ import pytest
 import torch
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
-SOURCES = ("cuda/fused_adam.cu", "cuda/fused_adam_flat.cu", "cuda/flat_gather.cu", "cuda/host_emulation_entry.cpp")
+SOURCES = ("cuda/fused_adam.cu", "cuda/fused_adam_flat.cu", "cuda/fused_adam_flat_table.cu", "cuda/flat_gather.cu",
+           "cuda/host_emulation_entry.cpp")
 # -ffp-contract=off as setup.py's CPU kernel flags: no fused multiply-adds, so every float operation
 # rounds as written and the two host builds can be compared bit for bit.
 FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-DAPEXLITE_CUDA_HOST_EMULATION",
@@ -86,7 +87,8 @@ def _pointers(tensors: Sequence[torch.Tensor]):
 
 
 class EmulatedKernels:
-    """``fused_adam_``, ``fused_adam_flat_`` and ``flat_gather_`` run by the CUDA kernels' code on CPU tensors."""
+    """``fused_adam_``, ``fused_adam_flat_``, ``fused_adam_flat_grad_list_`` and ``flat_gather_`` run by the CUDA
+    kernels' code on CPU tensors."""
 
     def __init__(self, path: Path) -> None:
         self._lib = ctypes.CDLL(str(path))
@@ -97,6 +99,10 @@ class EmulatedKernels:
         self._lib.apexlite_emulated_fused_adam_flat.restype = ctypes.c_int
         self._lib.apexlite_emulated_fused_adam_flat.argtypes = (
             [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 4
+            + [ctypes.c_double] * 5 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int])
+        self._lib.apexlite_emulated_fused_adam_flat_grad_table.restype = ctypes.c_int
+        self._lib.apexlite_emulated_fused_adam_flat_grad_table.argtypes = (
+            [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
             + [ctypes.c_double] * 5 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int])
         self._lib.apexlite_emulated_flat_gather.restype = ctypes.c_int
         self._lib.apexlite_emulated_flat_gather.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64]
@@ -144,6 +150,29 @@ class EmulatedKernels:
             None if found_inf is None else found_inf.data_ptr(), int(unscale_grads))
         if error != 0:
             raise RuntimeError(f"emulated launch_fused_adam_flat returned cudaError {error}")
+
+    def fused_adam_flat_grad_list_(self, param: torch.Tensor, grads: List[torch.Tensor], offsets: torch.Tensor,
+                                   exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, steps: torch.Tensor,
+                                   model_copy: Optional[torch.Tensor], *, lr: float, beta1: float, beta2: float,
+                                   eps: float, weight_decay: float, bias_correction: bool, adam_w_mode: bool,
+                                   grad_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
+                                   unscale_grads: bool = False) -> None:
+        """What fused_adam_flat_grad_list_'s CUDA binding launches: launch_fused_adam_flat_table over the
+        buffers (1-D CPU tensors), each grad (dense, read where it is) at its offset; raises on a launch error."""
+        for tensor in (t for t in (param, exp_avg, exp_avg_sq, steps, model_copy) if t is not None):
+            assert tensor.device.type == "cpu" and tensor.dim() == 1 and tensor.is_contiguous(), "1-D CPU buffers only"
+        count = max(len(grads), 1)
+        error = self._lib.apexlite_emulated_fused_adam_flat_grad_table(
+            param.data_ptr(), (ctypes.c_uint64 * count)(*[g.data_ptr() for g in grads]),
+            (ctypes.c_int64 * count)(*offsets.tolist()), (ctypes.c_int64 * count)(*[g.numel() for g in grads]),
+            len(grads), exp_avg.data_ptr(), exp_avg_sq.data_ptr(), None if model_copy is None else model_copy.data_ptr(),
+            steps.data_ptr(), KINDS[param.dtype], KINDS[grads[0].dtype if grads else torch.float32],
+            KINDS[exp_avg.dtype], KINDS[torch.float16 if model_copy is None else model_copy.dtype], lr, beta1, beta2,
+            eps, weight_decay, int(bias_correction), int(adam_w_mode),
+            None if grad_scale is None else grad_scale.data_ptr(), None if found_inf is None else found_inf.data_ptr(),
+            int(unscale_grads))
+        if error != 0:
+            raise RuntimeError(f"emulated launch_fused_adam_flat_table returned cudaError {error}")
 
     def flat_gather_(self, flat: torch.Tensor, sources: List[torch.Tensor], offsets: List[int]) -> None:
         """Runs launch_flat_gather: each (dense, flat-dtype) source's memory to flat[offset:offset + numel]."""

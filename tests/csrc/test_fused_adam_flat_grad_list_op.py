@@ -196,28 +196,3 @@ def test_the_native_flat_entry_point_is_the_flat_op():
     with pytest.raises(RuntimeError, match="contiguous 1-D tensor"):
         native_module().fused_adam_flat(got[0], got[1][:-1], *got[2:], 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True,
                                         None, None, False)
-
-
-@pytest.mark.cuda_host
-@pytest.mark.parametrize("combo", DTYPE_COMBOS, ids=lambda c: "-".join(str(d).split(".")[-1] for d in c))
-def test_the_cuda_binding_s_list_launch_over_buffer_ranges_matches_the_cpu_op(combo):
-    """What fused_adam_flat_grad_list_'s CUDA binding launches (csrc/torch/fused_adam_cuda.cpp): the list kernel
-    over each grad's range of the flat buffers and that member's counter, here run by the kernel's own source on
-    the CPU (host emulation), against the CPU op, bit for bit."""
-    from tests.csrc import emulated_cuda
-
-    emulated = emulated_cuda.kernels_or_skip()
-    lists = tensor_lists(NUMELS, combo)
-    expected, grads, offsets = _grad_list_args(lists)
-    got, emulated_grads = flat_of(lists), [g.clone() for g in grads]
-    kwargs = dict(HYPER, bias_correction=True, adam_w_mode=True, grad_scale=torch.tensor([1024.0]), unscale_grads=True)
-    _call(expected, grads, offsets, **kwargs)
-    ranges = lambda buffer: [buffer[s:s + g.numel()] for s, g in zip(offsets.tolist(), emulated_grads)]  # noqa: E731
-    param, _, exp_avg, exp_avg_sq, steps, copy = got
-    emulated.fused_adam_(ranges(param), emulated_grads, ranges(exp_avg), ranges(exp_avg_sq),
-                         [steps[i:i + 1] for i in range(len(emulated_grads))], ranges(copy) if copy is not None else [],
-                         **kwargs)
-    for name, a, b in zip(ROLES, got, expected):
-        if name != "grad" and b is not None:
-            _assert_bitwise(a, b, name)
-    _assert_bitwise(torch.cat(emulated_grads), torch.cat(grads), "the grads")

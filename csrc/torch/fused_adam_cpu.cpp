@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "../cuda/chunk_table.h"
 #include "apexlite/adam_math.h"
 #include "checks.h"
 
@@ -206,7 +207,9 @@ void fused_adam_flat_cpu(const at::Tensor& param, const at::Tensor& grad, const 
 }
 
 // apexlite::fused_adam_flat_grad_list_: the flat buffers' elements of each grad's range, read from the
-// grad where it is; one parallel pass over all ranges, and the counters advance as fused_adam_flat_'s.
+// grad where it is; the counters advance as fused_adam_flat_'s. The grads' runs form the chunk table the
+// CUDA binding hands its kernel (csrc/cuda/chunk_table.h), here cut into tasks: one parallel pass over
+// all ranges, and per grad only its table entry.
 void fused_adam_flat_grad_list_cpu(const at::Tensor& param, at::TensorList grads, const at::Tensor& offsets,
                                    const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& steps,
                                    const c10::optional<at::Tensor>& model_copy, double lr, double beta1, double beta2,
@@ -220,30 +223,35 @@ void fused_adam_flat_grad_list_cpu(const at::Tensor& param, at::TensorList grads
   float* counters = steps.data_ptr<float>();
   for (int64_t i = 0; i < steps.numel(); ++i) counters[i] += 1.0f;
   if (grads.empty()) return;
-  const AdamScalars scalars = make_adam_scalars(AdamHyper{lr, beta1, beta2, eps, weight_decay, bias_correction},
-                                                static_cast<double>(counters[0]), scale);
-  const int64_t* starts = offsets.data_ptr<int64_t>();
-  const auto at_offset = [](const at::Tensor& buffer, int64_t offset) {
-    return Slot{static_cast<char*>(buffer.data_ptr()) + offset * buffer.element_size(), buffer.scalar_type()};
-  };
-  std::vector<TensorSlots> tensors(grads.size());
-  std::vector<Task> tasks;
+  TensorSlots buffers;
+  buffers.scalars = make_adam_scalars(AdamHyper{lr, beta1, beta2, eps, weight_decay, bias_correction},
+                                      static_cast<double>(counters[0]), scale);
+  buffers.store_unscaled_grads = unscale_grads && grad_scale.has_value();
+  buffers.param = slot_of(param);
+  buffers.exp_avg = slot_of(exp_avg);
+  buffers.exp_avg_sq = slot_of(exp_avg_sq);
+  if (model_copy.has_value()) buffers.copy = slot_of(*model_copy);
+  std::vector<uint64_t> sources(grads.size());
+  std::vector<int64_t> numels(grads.size());
   for (size_t i = 0; i < grads.size(); ++i) {
-    TensorSlots& t = tensors[i];
-    t.scalars = scalars;
-    t.store_unscaled_grads = unscale_grads && grad_scale.has_value();
-    t.param = at_offset(param, starts[i]);
-    t.grad = slot_of(grads[i]);
-    t.exp_avg = at_offset(exp_avg, starts[i]);
-    t.exp_avg_sq = at_offset(exp_avg_sq, starts[i]);
-    if (model_copy.has_value()) t.copy = at_offset(*model_copy, starts[i]);
-    for (int64_t b = 0; b < grads[i].numel(); b += kTaskElems) {
-      tasks.push_back(Task{static_cast<int64_t>(i), b, std::min(b + kTaskElems, grads[i].numel())});
-    }
+    sources[i] = reinterpret_cast<uint64_t>(grads[i].data_ptr());
+    numels[i] = grads[i].numel();
   }
+  const std::vector<cuda::ChunkEntry> table =
+      cuda::chunk_table(sources.data(), offsets.data_ptr<int64_t>(), numels.data(), static_cast<int64_t>(grads.size()),
+                        kTaskElems, grads[0].element_size());
+  const at::ScalarType grad_dtype = grads[0].scalar_type();
   const auto run = adam_w_mode ? &run_task_decoupled : &run_task_l2;
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) run(tensors[tasks[k].tensor], tasks[k]);
+  at::parallel_for(0, static_cast<int64_t>(table.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const cuda::ChunkEntry& entry = table[k];
+      TensorSlots run_slots = buffers;  // the buffers from the entry's target on, and its grad
+      for (Slot* slot : {&run_slots.param, &run_slots.exp_avg, &run_slots.exp_avg_sq, &run_slots.copy}) {
+        if (slot->data != nullptr) slot->data = static_cast<char*>(slot->data) + entry.target * at::elementSize(slot->dtype);
+      }
+      run_slots.grad = Slot{reinterpret_cast<void*>(entry.source), grad_dtype};
+      run(run_slots, Task{0, 0, entry.length});
+    }
   });
 }
 

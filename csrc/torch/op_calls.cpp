@@ -27,6 +27,27 @@ c10::optional<at::Tensor> optional_tensor(PyObject* object) {
   return THPVariable_Unpack(object);
 }
 
+// The tensors of a tuple as one array for a TensorList argument, borrowed: no reference is taken or
+// dropped per tensor (each would cost about 25 ns a grad, the drop reaching back to the Python object).
+// The tuple keeps every tensor alive for the call; the borrows are given back, never released, however
+// the call ends.
+struct BorrowedTensors {
+  using Traits = c10::MaybeOwnedTraits<at::Tensor>;
+  std::vector<at::Tensor> tensors;
+
+  explicit BorrowedTensors(PyObject* tuple) {
+    tensors.reserve(static_cast<size_t>(PyTuple_GET_SIZE(tuple)));
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); ++i) {
+      tensors.push_back(Traits::createBorrow(THPVariable_Unpack(PyTuple_GET_ITEM(tuple, i))));
+    }
+  }
+  ~BorrowedTensors() {
+    for (at::Tensor& t : tensors) Traits::destroyBorrow(t);
+  }
+  BorrowedTensors(const BorrowedTensors&) = delete;
+  BorrowedTensors& operator=(const BorrowedTensors&) = delete;
+};
+
 bool all_tensors(PyObject* objects) {
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(objects); ++i) {
     if (!THPVariable_Check(PyTuple_GET_ITEM(objects, i))) return false;
@@ -70,17 +91,13 @@ PyObject* fused_adam_flat_grad_list(PyObject* /*module*/, PyObject* args) {
     return nullptr;
   }
   TORCH_CHECK(all_tensors(grads), "apexlite._C.fused_adam_flat_grad_list: grads must be a tuple of tensors");
-  std::vector<at::Tensor> grad_list;
-  grad_list.reserve(PyTuple_GET_SIZE(grads));
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(grads); ++i) {
-    grad_list.push_back(THPVariable_Unpack(PyTuple_GET_ITEM(grads, i)));
-  }
+  const BorrowedTensors grad_list(grads);
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("apexlite::fused_adam_flat_grad_list_", "")
                              .typed<GradListOp>();
   {
     pybind11::gil_scoped_release no_gil;
-    op.call(THPVariable_Unpack(param), grad_list, THPVariable_Unpack(offsets), THPVariable_Unpack(exp_avg),
+    op.call(THPVariable_Unpack(param), grad_list.tensors, THPVariable_Unpack(offsets), THPVariable_Unpack(exp_avg),
             THPVariable_Unpack(exp_avg_sq), THPVariable_Unpack(steps), optional_tensor(model_copy), lr, beta1, beta2,
             eps, weight_decay, bias_correction != 0, adam_w_mode != 0, optional_tensor(grad_scale),
             optional_tensor(found_inf), unscale_grads != 0);

@@ -240,7 +240,8 @@ def gpu_machine(machine, monkeypatch):
 def test_cuda_kernel_is_compiled_once_on_first_gpu_use(gpu_machine):
     assert loader.kernels_available("cuda") and loader.kernels_available("cuda")
     assert gpu_machine.builds == [("cuda", ["flat_gather_cuda.cpp", "fused_adam_cuda.cpp", "flat_gather.cu",
-                                             "fused_adam.cu", "fused_adam_flat.cu"], "/usr/local/cuda")]
+                                             "fused_adam.cu", "fused_adam_flat.cu", "fused_adam_flat_table.cu"],
+                                   "/usr/local/cuda")]
     found = loader.cuda_status()
     assert found.source == "jit" and "cached in" in found.detail and found.detail.endswith("-nvcc13.0-sm9.0")
 

@@ -179,6 +179,45 @@ def test_the_native_entry_point_calls_the_op_with_a_tuple_of_grads():
                                                   1e-3, 0.9, 0.999, 1e-8, 0.0, True, True, None, None, False)
 
 
+@pytest.mark.parametrize("outcome", ["stepped", "refused"])
+def test_the_native_entry_point_leaves_every_grad_s_references_as_they_were(outcome):
+    """It lends the tuple's tensors to the op without taking references (csrc/torch/op_calls.cpp): every grad
+    keeps its reference counts, Python's and its tensor's, after a step and after a refused call, and lives
+    on with its values once the tuple is gone."""
+    import sys
+
+    from apexlite._native.loader import native_module
+
+    lists = tensor_lists(NUMELS, (torch.float32, torch.float32, torch.float32, None))
+    flat, grads, offsets = _grad_list_args(lists)
+    param, _, exp_avg, exp_avg_sq, steps, copy = flat
+    handed = tuple(grads)
+    counts = [(sys.getrefcount(g), g._use_count()) for g in grads]
+    if outcome == "refused":
+        offsets = offsets.flip(0)  # out of order
+    call = lambda: native_module().fused_adam_flat_grad_list(  # noqa: E731
+        param, handed, offsets, exp_avg, exp_avg_sq, steps, copy, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, True,
+        torch.tensor([4.0]), None, True)
+    if outcome == "refused":
+        with pytest.raises(RuntimeError, match="overlaps the grad before it"):
+            call()
+    else:
+        call()
+    assert [(sys.getrefcount(g), g._use_count()) for g in grads] == counts
+    values = [g.clone() for g in grads]
+    del handed
+    assert all(torch.equal(g, v) for g, v in zip(grads, values))
+
+
+@pytest.mark.parametrize("op", ["fused_adam_", "fused_adam_flat_", "fused_adam_flat_grad_list_", "flat_gather_"])
+def test_the_optimizer_ops_fall_through_autograd(op):
+    """Not differentiable: autograd hands them to the backend kernel directly (csrc/torch/ops.cpp), instead of
+    its fallback boxing every argument and asking each tensor of a list whether it requires grad."""
+    dump = torch._C._dispatch_dump(f"apexlite::{op}")
+    autograd = [line for line in dump.splitlines() if line.startswith("Autograd[alias]")]
+    assert len(autograd) == 1 and "fallthrough" in autograd[0], dump
+
+
 def test_the_native_flat_entry_point_is_the_flat_op():
     """apexlite._C.fused_adam_flat (FusedAdam's call of the flat op, positional) against torch.ops, bit for bit."""
     from apexlite._native.loader import native_module

@@ -153,11 +153,12 @@ def fused_adam_flat_step(
         counters=[steps], workspace=workspace, **hyper)
 
 
-def fused_adam_flat_grad_list_step(param: torch.Tensor, grads: Tuple[torch.Tensor, ...], offsets: torch.Tensor,
+def fused_adam_flat_grad_list_step(param: torch.Tensor, grads: Any, offsets: torch.Tensor,
                                    exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, steps: torch.Tensor,
                                    model_copy: Optional[torch.Tensor], **hyper) -> None:
     """One step over flat buffers with each member's grad read where it is (the
-    ``apexlite::fused_adam_flat_grad_list_`` contract, ``csrc/torch/ops.cpp``): apexlite's kernels only."""
+    ``apexlite::fused_adam_flat_grad_list_`` contract, ``csrc/torch/ops.cpp``): apexlite's kernels only.
+    ``grads``: a tuple of tensors, or the C++ grad check's apexlite._C.GradList."""
     module = _ext.native_module()
     if module is None:  # (a CUDA kernel library without apexlite._C)
         torch.ops.apexlite.fused_adam_flat_grad_list_(param, grads, offsets, exp_avg, exp_avg_sq, steps, model_copy,

@@ -20,14 +20,22 @@ NOTE [flat grads]
 - Fresh grads again right after a step that found fresh grads (a zero_grad(set_to_none=True) loop,
   where a copy would be paid every step, into a new buffer) are read where they are when apexlite's
   kernels step the set (READ_FRESH): ``apexlite::fused_adam_flat_grad_list_`` takes the flat buffers and
-  the grads as a list (on a GPU one launch whatever their number, over a table of the grads' runs
-  handed to the device each step; on the CPU one pass), and nothing is copied or re-pointed. So the first step of a set_to_none loop moves its grads (a loop that then keeps them
-  copies nothing from then on) and the later ones read them in place; once read in place, kept grads
-  are read there too (they are not in the buffer). Fresh grads averaging fewer than MIN_READ_AVERAGE
-  elements move all the same: handing a grad over costs about 50 ns on the CPU (and a table entry on a
-  GPU), more than copying a few dozen floats (2,000 x 16 floats: 0.98 ms a step + zero_grad read in
-  place, 0.87 moved, on the CI VM). Only fresh grads that could move (memory of their
-  own, no other tensor on it) are read in place; the others take the per-tensor path as before.
+  the grads (on a GPU one launch whatever their number, over a table of the grads' runs handed to the
+  device each step; on the CPU one pass over the same table), and nothing is copied or re-pointed. The C++
+  check hands them over as apexlite._C.GradList, C++ tensors: autograd's grads never get a Python object
+  (which cost about 100 ns a grad to make, more to free, and garbage-collector passes over them). So the
+  first step of a set_to_none loop moves its grads (a loop that then keeps them copies nothing from then
+  on) and the later ones read them in place; once read in place, kept grads are read there too (they are
+  not in the buffer). Fresh grads averaging fewer than MIN_READ_AVERAGE elements move all the same: handing
+  a grad over costs about 30-70 ns on the CPU (and a table entry on a GPU), more than copying a few dozen
+  floats.
+- Fresh grads that cannot move (views of another tensor: the unbound grads of a stacked tensor, DDP's
+  bucket views; memory other tensors share) are read where they are whenever apexlite's kernels step the
+  set, from the first step, as long as no two grads share an element and none lies in the grad buffer
+  (the kernels may write the unscaled grads back) and each is plain memory holding its values (no Python
+  subclass, no lazy negation). Otherwise, and always on torch's fused ops, the set takes the per-tensor
+  path (2,000 views of 16 floats, step + zero_grad on the CI VM, one thread: 6.7 ms per tensor, 0.65 ms
+  read in place).
 - On the CPU, fresh grads averaging more than MAX_FRESH_AVERAGE_CPU elements are not copied even once
   (READ_LARGE_FRESH): the copy costs about 0.5 ns an element, and a new CPU buffer may cost a page fault
   per 4 KB page besides (about 3.2 ns an element; in bench_adam_tensor_counts' rounds about 3,900 faults
@@ -85,7 +93,10 @@ REASONS = (
 GROUP_CHANGED, PARAM_MOVED, MISSING_GRAD, GRAD_DTYPE, MASTER_GRAD, ODD_GRAD, SHARED_GRAD, LARGE_FRESH_GRADS = range(1, 9)
 _REBUILD_REASONS = (GROUP_CHANGED, PARAM_MOVED, MISSING_GRAD, GRAD_DTYPE)
 
-Verdict = Tuple[int, int, Any]  # (status, reason or fresh count, flat grad / grads tuple / None)
+# Grads read where they are: a tuple of tensors (the Python twin's), or apexlite._C.GradList (the C++
+# check's: the grads as C++ tensors, so autograd's grads never get a Python object).
+GradsReadInPlace = Any
+Verdict = Tuple[int, int, Any]  # (status, reason or fresh count, flat grad / GradsReadInPlace / None)
 
 
 def fresh_grad_policy(device: torch.device, kernel: bool, fresh_last_step: bool) -> Tuple[int, int]:
@@ -129,6 +140,25 @@ def _movable(grad: torch.Tensor) -> bool:
     return True
 
 
+def _readable(grad: torch.Tensor) -> bool:
+    """A grad the kernels can read where it is though it cannot move: plain memory (no Python subclass)
+    holding the values as they read (no lazy negation)."""
+    return not grad.is_neg() and not torch._C._dispatch_keys(grad).has(torch._C.DispatchKey.Python)
+
+
+def _any_shared(pinned: List[torch.Tensor], buffer: Optional[torch.UntypedStorage]) -> bool:
+    """Whether two of the grads share memory, or one lies in the grad buffer: grads are read where they are
+    only when each element belongs to one grad (the kernels may write the unscaled grads)."""
+    extents = []
+    for grad in pinned:
+        storage = grad.untyped_storage()
+        if buffer is not None and storage._cdata == buffer._cdata:
+            return True
+        extents.append((storage._cdata, grad.storage_offset(), grad.storage_offset() + grad.numel()))
+    extents.sort()
+    return any(a[0] == b[0] and b[1] < a[2] for a, b in zip(extents, extents[1:]))
+
+
 def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
                       members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
                       param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
@@ -141,6 +171,7 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
     buffer: Optional[torch.UntypedStorage] = None
     grads: List[torch.Tensor] = []
     in_place: List[bool] = []
+    pinned: List[torch.Tensor] = []  # fresh grads that cannot move (kernels that read grads in place only)
     reason = 0
     for i, param in enumerate(members):
         if param.data_ptr() != expected[i]:
@@ -164,16 +195,21 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
         if mine and grad.storage_offset() != starts[i]:
             reason = ODD_GRAD  # the buffer in another layout
         elif not mine and not _movable(grad):
-            reason = SHARED_GRAD
+            if grad_reads == MOVE_FRESH or not _readable(grad):
+                reason = SHARED_GRAD
+            else:
+                pinned.append(grad)  # fresh, and can only be read where it is
         grads.append(grad)
         in_place.append(mine)
     if reason:
         return _verdict(reason)
+    if pinned and _any_shared(pinned, buffer):
+        return _verdict(SHARED_GRAD)
     fresh = [grad.numel() for grad, mine in zip(grads, in_place) if not mine]
     fresh_elements = sum(fresh)
     large = max_fresh_average > 0 and fresh_elements > max_fresh_average * len(fresh)
-    readable = grad_reads == READ_FRESH and fresh_elements >= MIN_READ_AVERAGE * len(fresh)
-    if fresh and (readable or (large and grad_reads != MOVE_FRESH)):
+    worth_reading = grad_reads == READ_FRESH and fresh_elements >= MIN_READ_AVERAGE * len(fresh)
+    if pinned or (fresh and (worth_reading or (large and grad_reads != MOVE_FRESH))):
         bump_versions(members)  # the kernel writes them through raw pointers
         return READ_IN_PLACE, len(fresh), tuple(grads)
     if large:
@@ -270,7 +306,8 @@ def flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, 
                shift: int, max_fresh_average: int = 0, grad_reads: int = MOVE_FRESH) -> Verdict:
     """(status, reason, grads): READY with the set's grads as one flat tensor (fresh ones moved into it)
     and, in the reason's place, how many grads moved; READ_IN_PLACE (fresh grads that ``grad_reads``
-    says to read where they are) with the grads as a tuple, one per member, and how many were fresh;
+    says to read where they are, or that cannot move) with the grads (GradsReadInPlace), one per member,
+    and how many were fresh;
     or LIST_PATH / REBUILD with an index into REASONS and None. Member versions are bumped when
     ready; otherwise nothing changed but, maybe, version counters (a bump too many is harmless; the
     per-tensor path bumps them)."""

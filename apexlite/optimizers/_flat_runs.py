@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Protocol, 
 
 import torch
 
-from apexlite.optimizers._flat_grads import READY, REBUILD, flat_grads, flat_grads_in_place
+from apexlite.optimizers._flat_grads import READY, REBUILD, GradsReadInPlace, flat_grads, flat_grads_in_place
 
 if TYPE_CHECKING:
     from apexlite.optimizers._flat_buffers import FlatSet
@@ -59,19 +59,19 @@ class FlatCall:
     exp_avg_sq: torch.Tensor
     steps: torch.Tensor  # the counters of the range's members
     grad: Optional[torch.Tensor]
-    grads: Optional[Tuple[torch.Tensor, ...]] = None
+    grads: Optional[GradsReadInPlace] = None
     offsets: Optional[torch.Tensor] = None
 
 
-def call_over(flat_set: "FlatSet", grad: Union[torch.Tensor, Tuple[torch.Tensor, ...]], begin: int = 0,
+def call_over(flat_set: "FlatSet", grad: Union[torch.Tensor, GradsReadInPlace], begin: int = 0,
               stop: Optional[int] = None, remember: bool = False) -> FlatCall:
     """The call for members [begin, stop) of ``flat_set`` (all of them by default), ``grad`` its grad buffer,
-    or, for all members, a tuple of their grads. ``remember`` keeps the range's views of the set's own
+    or, for all members, their grads read where they are. ``remember`` keeps the range's views of the set's own
     buffers for the next steps (a piece's range is the same every step; the grad buffer's view is made
     each time, as no reference to it may be kept)."""
     count = len(flat_set.members)
     stop = count if stop is None else stop
-    if isinstance(grad, tuple):
+    if not isinstance(grad, torch.Tensor):
         return FlatCall(flat_set.weights, flat_set.copies, flat_set.exp_avg, flat_set.exp_avg_sq, flat_set.steps,
                         None, grad, flat_set.offsets)
     if begin == 0 and stop == count:

@@ -9,10 +9,13 @@
 //   are copied into the buffer and each grad tensor is re-pointed into it (same Python object, shape,
 //   strides and values; only its storage changes), so .grad keeps its identity and later in-place
 //   writes (autograd accumulation, the unscaled grads of a GradScaler step) land in the buffer;
-// * or, when the caller asks for it (grad_reads), the grads are handed back as a tuple, one per member,
-//   to be read where they are by apexlite::fused_adam_flat_grad_list_: nothing is copied or re-pointed;
-// * anything else (a missing grad, another dtype or layout, a grad other tensors share, a replaced
-//   param) is reported with a reason, and nothing has been changed.
+// * or, when the caller asks for it (grad_reads), the grads are handed back as a GradList (grad_list.h),
+//   one per member,
+//   to be read where they are by apexlite::fused_adam_flat_grad_list_: nothing is copied or re-pointed.
+//   Always so, when the caller's kernels can read grads in place, for fresh grads that cannot move (views,
+//   memory other tensors share: the unbound grads of a stacked tensor) but hold elements of their own;
+// * anything else (a missing grad, another dtype or layout, a grad other tensors share that cannot be
+//   read in place, a replaced param) is reported with a reason, and nothing has been changed.
 // A ready or read-in-place answer carries, in the reason's place, how many grads were fresh.
 // Member params' version counters are bumped (the kernel writes them raw).
 #include <torch/csrc/Exceptions.h>
@@ -23,10 +26,13 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "checks.h"
+#include "grad_list.h"
 
 namespace apexlite {
 namespace {
@@ -113,6 +119,38 @@ bool movable(const at::Tensor& grad) {
   const c10::TensorImpl* impl = grad.unsafeGetTensorImpl();
   return !grad.is_view() && !grad.requires_grad() && impl->allow_tensor_metadata_change() && !grad.is_inference() &&
          !grad.key_set().has(c10::DispatchKey::Python) && grad.storage().use_count() == 1;
+}
+
+// A grad the kernels can read where it is though it cannot move (a view, memory other tensors share):
+// plain memory (no Python subclass) holding the values as they read (no lazy negation).
+bool readable(const at::Tensor& grad) { return !grad.key_set().has(c10::DispatchKey::Python) && !grad.is_neg(); }
+
+// Whether any two of the grads at `pinned` share memory, or one lies in `buffer`: such grads are read
+// where they are only when each element belongs to one grad (the kernels may write the unscaled grads).
+bool any_shared(const std::vector<const at::Tensor*>& grads, const std::vector<Py_ssize_t>& pinned,
+                const c10::Storage& buffer) {
+  struct Extent {
+    const c10::StorageImpl* storage;
+    int64_t begin, end;
+  };
+  std::vector<Extent> extents;
+  extents.reserve(pinned.size());
+  for (const Py_ssize_t i : pinned) {
+    const at::Tensor& grad = *grads[i];
+    const c10::StorageImpl* storage = grad.storage().unsafeGetStorageImpl();
+    if (buffer && storage == buffer.unsafeGetStorageImpl()) return true;
+    extents.push_back(Extent{storage, grad.storage_offset(), grad.storage_offset() + grad.numel()});
+  }
+  const auto before = [](const Extent& a, const Extent& b) {
+    return a.storage != b.storage ? a.storage < b.storage : a.begin < b.begin;
+  };
+  if (!std::is_sorted(extents.begin(), extents.end(), before)) {  // (views of one tensor come in order)
+    std::sort(extents.begin(), extents.end(), before);
+  }
+  for (size_t k = 1; k < extents.size(); ++k) {
+    if (extents[k].storage == extents[k - 1].storage && extents[k].begin < extents[k - 1].end) return true;
+  }
+  return false;
 }
 
 // apexlite::flat_gather_ on the CPU: one memcpy per source (the sources are dense and of flat's dtype).
@@ -206,6 +244,7 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   // which is safe because nothing in this call runs Python or touches a param's grad.
   std::vector<const at::Tensor*> grads(count);
   std::vector<bool> in_place(count, false);
+  std::vector<Py_ssize_t> pinned;  // fresh grads that cannot move (kernels that read grads in place only)
   int64_t in_place_count = 0, fresh_elements = 0;
   int reason = kNone;
   for (Py_ssize_t i = 0; i < count; ++i) {
@@ -233,7 +272,11 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
     if (mine && grad.storage_offset() != shift + offsets[i]) {
       reason = kOddGrad;  // the buffer in another layout
     } else if (!mine && !movable(grad)) {
-      reason = kSharedGrad;
+      if (grad_reads == kMoveFresh || !readable(grad)) {
+        reason = kSharedGrad;
+      } else {
+        pinned.push_back(i);  // fresh, and can only be read where it is
+      }
     }
     grads[i] = &grad;
     in_place[i] = mine;
@@ -241,13 +284,16 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
     fresh_elements += mine ? 0 : grad.numel();
   }
   if (reason) return verdict(reason);
+  if (!pinned.empty() && any_shared(grads, pinned, buffer)) return verdict(kSharedGrad);
   const int64_t fresh_count = count - in_place_count;
   const bool large = max_fresh_average > 0 && fresh_elements > max_fresh_average * fresh_count;
-  const bool readable = grad_reads == kReadFresh && fresh_elements >= kMinReadAverage * fresh_count;
-  if (fresh_count > 0 && (readable || (large && grad_reads != kMoveFresh))) {
-    PyObject* list = PyTuple_New(count);
+  const bool worth_reading = grad_reads == kReadFresh && fresh_elements >= kMinReadAverage * fresh_count;
+  if (!pinned.empty() || (fresh_count > 0 && (worth_reading || (large && grad_reads != kMoveFresh)))) {
+    std::vector<at::Tensor> held;
+    held.reserve(static_cast<size_t>(count));
+    for (Py_ssize_t i = 0; i < count; ++i) held.push_back(*grads[i]);
+    PyObject* list = make_grad_list(std::move(held));
     if (list == nullptr) return nullptr;
-    for (Py_ssize_t i = 0; i < count; ++i) PyTuple_SET_ITEM(list, i, THPVariable_Wrap(*grads[i]));
     return Py_BuildValue("inN", kReadInPlace, static_cast<Py_ssize_t>(fresh_count), list);
   }
   if (large) return verdict(kLargeFreshGrads);
@@ -255,7 +301,7 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   // Fresh grads move into the buffer only when no tensor but the in-place grads (and `buffer` here)
   // holds it: an old grad a caller kept would otherwise see its values overwritten. Else all move
   // into a new buffer.
-  const bool reuse = buffer && (in_place_count == count || buffer.use_count() == in_place_count + 1);
+  const bool reuse = buffer && (in_place_count == count || static_cast<int64_t>(buffer.use_count()) == in_place_count + 1);
   at::Tensor flat = at::empty({0}, grad_like.options());
   flat.set_(reuse ? buffer : at::empty({shift + total}, grad_like.options()).storage(), shift, {total}, {1});
   std::vector<at::Tensor> moving;
@@ -391,7 +437,7 @@ PyMethodDef kFunctions[] = {
     {"flat_grads", flat_grads, METH_VARARGS,
      "flat_grads(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, "
      "max_fresh_average, grad_reads) -> "
-     "(status, reason, flat grad or grads tuple or None): see apexlite/optimizers/_flat_grads.py"},
+     "(status, reason, flat grad or GradList or None): see apexlite/optimizers/_flat_grads.py"},
     {"flat_grads_in_place", flat_grads_in_place, METH_VARARGS,
      "flat_grads_in_place(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, begin, "
      "end, flat) -> (stop, flat): see apexlite/optimizers/_flat_grads.py"},

@@ -12,6 +12,8 @@
 
 #include <vector>
 
+#include "grad_list.h"
+
 namespace apexlite {
 namespace {
 
@@ -35,7 +37,8 @@ struct BorrowedTensors {
   using Traits = c10::MaybeOwnedTraits<at::Tensor>;
   std::vector<at::Tensor> tensors;
 
-  explicit BorrowedTensors(PyObject* tuple) {
+  explicit BorrowedTensors(PyObject* tuple) {  // nullptr: none
+    if (tuple == nullptr) return;
     tensors.reserve(static_cast<size_t>(PyTuple_GET_SIZE(tuple)));
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); ++i) {
       tensors.push_back(Traits::createBorrow(THPVariable_Unpack(PyTuple_GET_ITEM(tuple, i))));
@@ -84,20 +87,28 @@ PyObject* fused_adam_flat_grad_list(PyObject* /*module*/, PyObject* args) {
   PyObject *param, *grads, *offsets, *exp_avg, *exp_avg_sq, *steps, *model_copy, *grad_scale, *found_inf;
   double lr, beta1, beta2, eps, weight_decay;
   int bias_correction, adam_w_mode, unscale_grads;
-  if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!OdddddppOOp", THPVariableClass, &param, &PyTuple_Type, &grads,
+  if (!PyArg_ParseTuple(args, "O!OO!O!O!O!OdddddppOOp", THPVariableClass, &param, &grads,
                         THPVariableClass, &offsets, THPVariableClass, &exp_avg, THPVariableClass, &exp_avg_sq,
                         THPVariableClass, &steps, &model_copy, &lr, &beta1, &beta2, &eps, &weight_decay,
                         &bias_correction, &adam_w_mode, &grad_scale, &found_inf, &unscale_grads)) {
     return nullptr;
   }
-  TORCH_CHECK(all_tensors(grads), "apexlite._C.fused_adam_flat_grad_list: grads must be a tuple of tensors");
-  const BorrowedTensors grad_list(grads);
+  const std::vector<at::Tensor>* held = grad_list_tensors(grads);
+  if (held == nullptr && !PyTuple_Check(grads)) {
+    PyErr_Format(PyExc_TypeError, "apexlite._C.fused_adam_flat_grad_list: grads must be a tuple of tensors or a "
+                 "GradList, not %s", Py_TYPE(grads)->tp_name);
+    return nullptr;
+  }
+  TORCH_CHECK(held != nullptr || all_tensors(grads), "apexlite._C.fused_adam_flat_grad_list: grads must be a tuple "
+              "of tensors");
+  const BorrowedTensors borrowed(held == nullptr ? grads : nullptr);
+  const at::TensorList grad_list = held != nullptr ? at::TensorList(*held) : at::TensorList(borrowed.tensors);
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("apexlite::fused_adam_flat_grad_list_", "")
                              .typed<GradListOp>();
   {
     pybind11::gil_scoped_release no_gil;
-    op.call(THPVariable_Unpack(param), grad_list.tensors, THPVariable_Unpack(offsets), THPVariable_Unpack(exp_avg),
+    op.call(THPVariable_Unpack(param), grad_list, THPVariable_Unpack(offsets), THPVariable_Unpack(exp_avg),
             THPVariable_Unpack(exp_avg_sq), THPVariable_Unpack(steps), optional_tensor(model_copy), lr, beta1, beta2,
             eps, weight_decay, bias_correction != 0, adam_w_mode != 0, optional_tensor(grad_scale),
             optional_tensor(found_inf), unscale_grads != 0);

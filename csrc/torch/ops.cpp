@@ -61,18 +61,19 @@ int register_o1_types(PyObject* module);  // o1_cast_wrapper.cpp
 }  // namespace o1
 int register_flat_grad_functions(PyObject* module);  // flat_grads.cpp
 int register_op_calls(PyObject* module);  // op_calls.cpp
+int register_grad_list_type(PyObject* module);  // grad_list.cpp
 }  // namespace apexlite
 
 extern "C" {
 // `import apexlite._C` loads this library, so that the registrations above run, and adds the native
 // O1 cast types (CastCache, CastState, CastWrapper; see o1_casts.h), FusedAdam's flat-grad helpers
-// (flat_grads.cpp) and its direct op calls (op_calls.cpp).
+// (flat_grads.cpp, grad_list.cpp) and its direct op calls (op_calls.cpp).
 PyMODINIT_FUNC PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
   PyObject* module = PyModule_Create(&module_def);
   if (module != nullptr &&
       (apexlite::o1::register_o1_types(module) < 0 || apexlite::register_flat_grad_functions(module) < 0 ||
-       apexlite::register_op_calls(module) < 0)) {
+       apexlite::register_op_calls(module) < 0 || apexlite::register_grad_list_type(module) < 0)) {
     Py_DECREF(module);
     return nullptr;
   }

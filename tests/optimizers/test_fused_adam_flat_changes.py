@@ -143,6 +143,79 @@ def test_grads_that_are_views_of_another_buffer_are_not_moved(grad_pass):
     assert_same(*runs)
 
 
+def _lay_out(params, values, arrangement):
+    """Gives each param the grad ``values[i]``, in the memory ``arrangement`` names (GRAD_MEMORY)."""
+    sizes = [p.numel() for p in params]
+    if arrangement == "two-grads-on-one-memory":
+        bucket = torch.cat([v.flatten() for v in values])
+        for p, v, start in zip(params, values, [0, 30, 35, 32, 36]):  # params 1 and 3 overlap at element 32
+            p.grad = bucket[start:start + p.numel()].view(p.shape)
+        return
+    order = list(range(len(params)))[::-1 if arrangement == "bucket-in-reverse-order" else 1]
+    bucket = torch.cat([values[i].flatten() for i in order])
+    start = 0
+    for i in order:
+        params[i].grad = bucket[start:start + sizes[i]].view(params[i].shape)
+        start += sizes[i]
+
+
+# arrangement -> the flat run's calls in 3 steps on apexlite's kernel: each set reads grads that cannot move
+# where they are, unless two grads share an element (then per tensor).
+# torch's fused ops need one grad buffer: there such grads always go per tensor.
+GRAD_MEMORY = {
+    "views-of-one-bucket": {"flat": 0, "read": 3, "lists": 0},  # DDP's gradient_as_bucket_view
+    "bucket-in-reverse-order": {"flat": 0, "read": 3, "lists": 0},
+    "two-grads-on-one-memory": {"flat": 0, "read": 0, "lists": 3},
+}
+
+
+# Grads sharing an element and unscaled in place have no one right answer (each write changes another's
+# input, in whatever order the path takes them): that arrangement is compared unscaled only.
+CANNOT_MOVE_CASES = [(arrangement, scaled) for arrangement in sorted(GRAD_MEMORY) for scaled in (False, True)
+                     if not (scaled and arrangement == "two-grads-on-one-memory")]
+
+
+@pytest.mark.parametrize("arrangement, scaled", CANNOT_MOVE_CASES,
+                         ids=[f"{a}-{'grad-scaler' if s else 'unscaled'}" for a, s in CANNOT_MOVE_CASES])
+@pytest.mark.parametrize("implementation", IMPLS)
+def test_grads_that_cannot_move_are_read_where_they_are(grad_pass, monkeypatch, implementation, arrangement, scaled):
+    """Views of another tensor (the unbound grads of a stacked tensor, a DDP bucket's) are read in place by
+    apexlite's kernels, never moved or copied; the per-tensor path takes them on torch's fused ops, and
+    whenever two grads share memory. The params, the state and the grads a GradScaler step leaves (unscaled
+    in place) match flat_buffers=False's."""
+    runs = twins(implementation=implementation)
+    calls = count_calls(monkeypatch)
+    for step in range(3):
+        values = grads_for(runs[0][0], torch.float32, step)
+        for params, opt in runs:
+            _lay_out(params, [v * 64.0 if scaled else v for v in values], arrangement)
+            bases = [p.grad._base for p in params]
+            if scaled:
+                scaler = torch.amp.GradScaler("cpu", init_scale=64.0)
+                scaler.scale(torch.ones(()))
+                scaler.step(opt)
+            else:
+                opt.step()
+            assert all(p.grad._base is base for p, base in zip(params, bases)), "a grad was moved"
+        for p, r in zip(*(params for params, _ in runs)):
+            torch.testing.assert_close(p.grad, r.grad, rtol=0, atol=0)
+    assert_same(*runs, exact=implementation == "kernel")
+    expected = GRAD_MEMORY[arrangement] if implementation == "kernel" else {"flat": 0, "read": 0, "lists": 3}
+    assert calls == dict(expected, lists=expected["lists"] + 3)  # (+ flat_buffers=False's, per tensor)
+
+
+def test_a_lazily_negated_grad_is_refused_not_read_as_its_memory(grad_pass):
+    """A grad that is torch._neg_view of its values cannot be read in place (its memory holds the negated
+    values): the set goes per tensor, where torch refuses such grads loudly, as for flat_buffers=False."""
+    for params, opt in twins():
+        set_grads(params, grads_for(params, torch.float32, 0))
+        params[2].grad = torch._neg_view(-params[2].grad)
+        before = [p.detach().clone() for p in params]
+        with pytest.raises(RuntimeError, match="negation"):
+            opt.step()
+        assert all(torch.equal(p, b) for p, b in zip(params, before))
+
+
 def test_a_group_that_keeps_changing_stays_on_the_per_tensor_path(grad_pass, caplog):
     runs = twins()
     with caplog.at_level(logging.INFO, logger="apexlite"):

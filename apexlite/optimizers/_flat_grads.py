@@ -26,9 +26,10 @@ NOTE [flat grads]
   (which cost about 100 ns a grad to make, more to free, and garbage-collector passes over them). So the
   first step of a set_to_none loop moves its grads (a loop that then keeps them copies nothing from then
   on) and the later ones read them in place; once read in place, kept grads are read there too (they are
-  not in the buffer). Fresh grads averaging fewer than MIN_READ_AVERAGE elements move all the same: handing
-  a grad over costs about 30-70 ns on the CPU (and a table entry on a GPU), more than copying a few dozen
-  floats.
+  not in the buffer). Grads of any size are read so: handing a grad over costs about 30-70 ns on the
+  CPU (a table entry on a GPU), and autograd's grads moved into the buffer cost more than that to copy and
+  re-point even at 1 to 16 floats (2,000 such grads, step + zero_grad on the CI VM, one thread: 1.5-1.7 ms
+  read in place, 1.7-2.5 moved).
 - Fresh grads that cannot move (views of another tensor: the unbound grads of a stacked tensor, DDP's
   bucket views; memory other tensors share) are read where they are whenever apexlite's kernels step the
   set, from the first step, as long as no two grads share an element and none lies in the grad buffer
@@ -75,7 +76,6 @@ READY, LIST_PATH, REBUILD, READ_IN_PLACE = 0, 1, 2, 3
 # grad_reads: when fresh grads are read where they are (apexlite::fused_adam_flat_grad_list_) instead of
 # moving into the grad buffer; as GradReads in csrc/torch/flat_grads.cpp
 MOVE_FRESH, READ_LARGE_FRESH, READ_FRESH = 0, 1, 2
-MIN_READ_AVERAGE = 64  # elements: READ_FRESH reads smaller fresh grads (on average) by moving them after all
 MAX_FRESH_AVERAGE_CPU = 8192  # elements: about where copying a fresh grad costs what the per-tensor path does
 MAX_FRESH_AVERAGE_CPU_AGAIN = 2048  # the same right after a step that moved fresh grads: a zero_grad(set_to_none) loop
 # indexed by the reason codes of csrc/torch/flat_grads.cpp
@@ -208,8 +208,7 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
     fresh = [grad.numel() for grad, mine in zip(grads, in_place) if not mine]
     fresh_elements = sum(fresh)
     large = max_fresh_average > 0 and fresh_elements > max_fresh_average * len(fresh)
-    worth_reading = grad_reads == READ_FRESH and fresh_elements >= MIN_READ_AVERAGE * len(fresh)
-    if pinned or (fresh and (worth_reading or (large and grad_reads != MOVE_FRESH))):
+    if pinned or (fresh and (grad_reads == READ_FRESH or (large and grad_reads != MOVE_FRESH))):
         bump_versions(members)  # the kernel writes them through raw pointers
         return READ_IN_PLACE, len(fresh), tuple(grads)
     if large:

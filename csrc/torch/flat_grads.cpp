@@ -41,9 +41,6 @@ enum Status : int { kReady = 0, kListPath = 1, kRebuild = 2, kReadInPlace = 3 };
 // When fresh grads are read where they are (apexlite::fused_adam_flat_grad_list_) instead of moving
 // into the grad buffer. Must match GRAD_READS in apexlite/optimizers/_flat_grads.py.
 enum GradReads : int { kMoveFresh = 0, kReadLargeFresh = 1, kReadFresh = 2 };
-// kReadFresh reads fresh grads in place only when they average at least this many elements: smaller ones
-// cost more to hand over one by one than to copy. Must match MIN_READ_AVERAGE in _flat_grads.py.
-constexpr int64_t kMinReadAverage = 64;
 // Must match REASONS in apexlite/optimizers/_flat_grads.py.
 enum Reason : int {
   kNone = 0,
@@ -287,8 +284,7 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   if (!pinned.empty() && any_shared(grads, pinned, buffer)) return verdict(kSharedGrad);
   const int64_t fresh_count = count - in_place_count;
   const bool large = max_fresh_average > 0 && fresh_elements > max_fresh_average * fresh_count;
-  const bool worth_reading = grad_reads == kReadFresh && fresh_elements >= kMinReadAverage * fresh_count;
-  if (!pinned.empty() || (fresh_count > 0 && (worth_reading || (large && grad_reads != kMoveFresh)))) {
+  if (!pinned.empty() || (fresh_count > 0 && (grad_reads == kReadFresh || (large && grad_reads != kMoveFresh)))) {
     std::vector<at::Tensor> held;
     held.reserve(static_cast<size_t>(count));
     for (Py_ssize_t i = 0; i < count; ++i) held.push_back(*grads[i]);

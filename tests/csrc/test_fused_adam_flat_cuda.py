@@ -3,7 +3,8 @@
 The CUDA flat kernel against the CPU flat kernel bit for bit (both keep every float operation as
 written), on buffers that take the vector loads and on buffers that do not, with tails and several
 grid-stride turns; FusedAdam on CUDA with flat buffers against ``flat_buffers=False`` (the list
-kernel) bit for bit over steps with fresh and with kept grads, masters included; grads moved into the
+kernel) bit for bit over steps with fresh grads, kept grads and grads that are views of one bucket (read
+where they are by the table kernel), masters included; grads moved into the
 buffer on the device keep their identity; and no step waits for the device.
 """
 from __future__ import annotations
@@ -94,7 +95,7 @@ def test_cuda_flat_kernel_skips_on_device_flag_without_sync(cuda_kernel, found_i
     assert all(a is None or torch.equal(a, b) for a, b in zip(gpu, before))
 
 
-@pytest.mark.parametrize("regime", ["fresh-grads", "kept-grads"])
+@pytest.mark.parametrize("regime", ["fresh-grads", "kept-grads", "views-of-one-bucket"])
 @pytest.mark.parametrize("dtype, master_weights", [(torch.float32, False), (torch.bfloat16, True),
                                                    (torch.float16, True)], ids=["fp32", "bf16-masters", "fp16-masters"])
 def test_fused_adam_flat_matches_list_kernel_on_cuda(cuda_kernel, dtype, master_weights, regime):
@@ -109,7 +110,11 @@ def test_fused_adam_flat_matches_list_kernel_on_cuda(cuda_kernel, dtype, master_
     for step in range(4):
         grads = [torch.randn(s, device="cuda", generator=gen).to(dtype) for s in shapes]
         for params, opt in runs:
-            if regime == "fresh-grads" or step == 0:
+            if regime == "views-of-one-bucket":  # read where they are: one table launch (DDP's bucket views)
+                bucket = torch.cat([g.flatten() for g in grads])
+                for p, piece in zip(params, bucket.split([g.numel() for g in grads])):
+                    p.grad = piece.view(p.shape)
+            elif regime == "fresh-grads" or step == 0:
                 for p, g in zip(params, grads):
                     p.grad = g.clone()
             else:

@@ -71,6 +71,7 @@ import torch
 
 from apexlite._native import loader as _ext
 from apexlite.optimizers._adam_step import bump_versions
+from apexlite.optimizers._grad_checks import any_shared, lies_at, movable, readable, same_layout, use_count
 
 READY, LIST_PATH, REBUILD, READ_IN_PLACE = 0, 1, 2, 3
 # grad_reads: when fresh grads are read where they are (apexlite::fused_adam_flat_grad_list_) instead of
@@ -112,53 +113,6 @@ def _verdict(reason: int) -> Verdict:
     return (REBUILD if reason in _REBUILD_REASONS else LIST_PATH), reason, None
 
 
-def _use_count(storage: torch.UntypedStorage) -> int:
-    """References to ``storage``'s memory: tensors using it, plus this Python handle."""
-    return torch._C._storage_Use_Count(storage._cdata)
-
-
-def _same_layout(grad: torch.Tensor, param: torch.Tensor) -> bool:
-    return grad.shape == param.shape and all(
-        g == p for size, g, p in zip(param.shape, grad.stride(), param.stride()) if size > 1)
-
-
-def _lies_at(grad: Optional[torch.Tensor], param: torch.Tensor, dtype: torch.dtype, start: int) -> bool:
-    """A grad where a set's grad buffer holds it: of ``dtype``, dense, on its param's device, laid out like it
-    from element ``start`` of its storage (the storage itself is checked by the caller)."""
-    return grad is not None and grad.dtype == dtype and grad.layout == torch.strided and \
-        grad.device == param.device and grad.storage_offset() == start and _same_layout(grad, param)
-
-
-def _movable(grad: torch.Tensor) -> bool:
-    """A grad whose storage may be re-pointed: its own memory, used by no other tensor."""
-    if grad._is_view() or grad.requires_grad or grad.is_inference() or _use_count(grad.untyped_storage()) != 2:
-        return False
-    try:
-        grad.set_(grad)  # refused for tensors made by .data/.detach() (no metadata changes allowed)
-    except RuntimeError:
-        return False
-    return True
-
-
-def _readable(grad: torch.Tensor) -> bool:
-    """A grad the kernels can read where it is though it cannot move: plain memory (no Python subclass)
-    holding the values as they read (no lazy negation)."""
-    return not grad.is_neg() and not torch._C._dispatch_keys(grad).has(torch._C.DispatchKey.Python)
-
-
-def _any_shared(pinned: List[torch.Tensor], buffer: Optional[torch.UntypedStorage]) -> bool:
-    """Whether two of the grads share memory, or one lies in the grad buffer: grads are read where they are
-    only when each element belongs to one grad (the kernels may write the unscaled grads)."""
-    extents = []
-    for grad in pinned:
-        storage = grad.untyped_storage()
-        if buffer is not None and storage._cdata == buffer._cdata:
-            return True
-        extents.append((storage._cdata, grad.storage_offset(), grad.storage_offset() + grad.numel()))
-    extents.sort()
-    return any(a[0] == b[0] and b[1] < a[2] for a, b in zip(extents, extents[1:]))
-
-
 def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
                       members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
                       param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
@@ -183,7 +137,7 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
             return _verdict(GRAD_DTYPE)
         if masters is not None and masters[i].grad is not None:
             reason = reason or MASTER_GRAD
-        elif grad.layout != torch.strided or grad.device != param.device or not _same_layout(grad, param):
+        elif grad.layout != torch.strided or grad.device != param.device or not same_layout(grad, param):
             reason = reason or ODD_GRAD
         if reason:
             continue
@@ -194,8 +148,8 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
         mine = buffer is not None and storage._cdata == buffer._cdata
         if mine and grad.storage_offset() != starts[i]:
             reason = ODD_GRAD  # the buffer in another layout
-        elif not mine and not _movable(grad):
-            if grad_reads == MOVE_FRESH or not _readable(grad):
+        elif not mine and not movable(grad):
+            if grad_reads == MOVE_FRESH or not readable(grad):
                 reason = SHARED_GRAD
             else:
                 pinned.append(grad)  # fresh, and can only be read where it is
@@ -203,7 +157,7 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
         in_place.append(mine)
     if reason:
         return _verdict(reason)
-    if pinned and _any_shared(pinned, buffer):
+    if pinned and any_shared(pinned, buffer):
         return _verdict(SHARED_GRAD)
     fresh = [grad.numel() for grad, mine in zip(grads, in_place) if not mine]
     fresh_elements = sum(fresh)
@@ -215,7 +169,7 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
         return _verdict(LARGE_FRESH_GRADS)
     storage = None  # (a handle of its own would count as a user of the buffer)
     everyone = all(in_place)
-    reuse = buffer is not None and (everyone or _use_count(buffer) == sum(in_place) + 1)
+    reuse = buffer is not None and (everyone or use_count(buffer) == sum(in_place) + 1)
     if not reuse:
         buffer = torch.empty(shift + total, dtype=grad_like.dtype, device=grad_like.device).untyped_storage()
     flat = torch.empty(0, dtype=grad_like.dtype, device=grad_like.device).set_(buffer, shift, (total,), (1,))
@@ -245,7 +199,7 @@ def python_flat_grads_in_place(group_params: Sequence[torch.Tensor], known: Tupl
     while stop < end:
         param = members[stop]
         grad = param.grad
-        if param.data_ptr() != expected[stop] or not _lies_at(grad, param, grad_like.dtype, starts[stop]) or \
+        if param.data_ptr() != expected[stop] or not lies_at(grad, param, grad_like.dtype, starts[stop]) or \
                 (masters is not None and masters[stop].grad is not None):
             break
         storage = grad.untyped_storage()
@@ -278,7 +232,7 @@ def python_flat_zero_grads(group_params: Sequence[torch.Tensor], known: Tuple[to
     buffer: Optional[torch.UntypedStorage] = None
     for param, start in zip(members, (shift + offset for offset in offsets.tolist())):
         grad = param.grad
-        if not _lies_at(grad, param, grad_like.dtype, start) or grad.requires_grad:
+        if not lies_at(grad, param, grad_like.dtype, start) or grad.requires_grad:
             return NOT_IN_BUFFER
         storage = grad.untyped_storage()
         if buffer is None and storage.nbytes() == (shift + total) * grad.element_size():

@@ -22,16 +22,12 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/library.h>
 
-#include <algorithm>
-#include <cstring>
 #include <utility>
 #include <vector>
 
-#include "checks.h"
+#include "flat_copy.h"
+#include "grad_checks.h"
 #include "grad_list.h"
 
 namespace apexlite {
@@ -60,34 +56,6 @@ int status_of(int reason) {
              : kListPath;
 }
 
-// Equal strides on every dim that addresses memory (size > 1): the same dense block, element for element.
-bool same_layout(const at::Tensor& grad, const at::Tensor& param) {
-  if (grad.dim() != param.dim() || grad.sizes() != param.sizes()) return false;
-  for (int64_t d = 0; d < param.dim(); ++d) {
-    if (param.size(d) > 1 && grad.stride(d) != param.stride(d)) return false;
-  }
-  return true;
-}
-
-// A grad defined, of `dtype`, dense, on its param's device and laid out like it from element `start` of
-// its storage: where a set's grad buffer holds it (the storage itself is checked by the caller).
-bool lies_at(const at::Tensor& grad, const at::Tensor& param, at::ScalarType dtype, int64_t start) {
-  return grad.defined() && grad.scalar_type() == dtype && grad.layout() == at::kStrided &&
-         grad.device() == param.device() && grad.storage_offset() == start && same_layout(grad, param);
-}
-
-// A param's .grad as its autograd metadata holds it. Tensor::grad() would also check, on every call,
-// whether a missing grad deserves a warning (a non-leaf tensor's): about a third of the scan's work.
-const at::Tensor& grad_of(const at::Tensor& param) { return param.unsafeGetTensorImpl()->grad(); }
-
-// Where a param's data starts, as data_ptr() gives it, without data_ptr()'s checks (the members are
-// dense tensors with storage, checked when the set was built).
-int64_t address_of(const at::Tensor& param) {
-  const c10::TensorImpl* impl = param.unsafeGetTensorImpl();
-  return reinterpret_cast<int64_t>(static_cast<const char*>(impl->unsafe_storage().data()) +
-                                   impl->storage_offset() * static_cast<int64_t>(impl->itemsize()));
-}
-
 // Starts loading what the scan of member i reads, in stages (each needs the previous one's pointer):
 // the objects of one param sit at scattered addresses, and a cold pass waits on each miss in turn.
 constexpr Py_ssize_t kAhead = 4;
@@ -109,80 +77,6 @@ void prefetch_member(PyObject* members, Py_ssize_t i, Py_ssize_t count) {
     const at::Tensor& next_grad = grad_of(THPVariable_Unpack(PyTuple_GET_ITEM(members, i + 1)));
     if (next_grad.defined()) prefetch_lines(next_grad.unsafeGetTensorImpl());
   }
-}
-
-// A grad whose storage apexlite may re-point: its own memory, referenced by no other tensor.
-bool movable(const at::Tensor& grad) {
-  const c10::TensorImpl* impl = grad.unsafeGetTensorImpl();
-  return !grad.is_view() && !grad.requires_grad() && impl->allow_tensor_metadata_change() && !grad.is_inference() &&
-         !grad.key_set().has(c10::DispatchKey::Python) && grad.storage().use_count() == 1;
-}
-
-// A grad the kernels can read where it is though it cannot move (a view, memory other tensors share):
-// plain memory (no Python subclass) holding the values as they read (no lazy negation).
-bool readable(const at::Tensor& grad) { return !grad.key_set().has(c10::DispatchKey::Python) && !grad.is_neg(); }
-
-// Whether any two of the grads at `pinned` share memory, or one lies in `buffer`: such grads are read
-// where they are only when each element belongs to one grad (the kernels may write the unscaled grads).
-bool any_shared(const std::vector<const at::Tensor*>& grads, const std::vector<Py_ssize_t>& pinned,
-                const c10::Storage& buffer) {
-  struct Extent {
-    const c10::StorageImpl* storage;
-    int64_t begin, end;
-  };
-  std::vector<Extent> extents;
-  extents.reserve(pinned.size());
-  for (const Py_ssize_t i : pinned) {
-    const at::Tensor& grad = *grads[i];
-    const c10::StorageImpl* storage = grad.storage().unsafeGetStorageImpl();
-    if (buffer && storage == buffer.unsafeGetStorageImpl()) return true;
-    extents.push_back(Extent{storage, grad.storage_offset(), grad.storage_offset() + grad.numel()});
-  }
-  const auto before = [](const Extent& a, const Extent& b) {
-    return a.storage != b.storage ? a.storage < b.storage : a.begin < b.begin;
-  };
-  if (!std::is_sorted(extents.begin(), extents.end(), before)) {  // (views of one tensor come in order)
-    std::sort(extents.begin(), extents.end(), before);
-  }
-  for (size_t k = 1; k < extents.size(); ++k) {
-    if (extents[k].storage == extents[k - 1].storage && extents[k].begin < extents[k - 1].end) return true;
-  }
-  return false;
-}
-
-// apexlite::flat_gather_ on the CPU: one memcpy per source (the sources are dense and of flat's dtype).
-void flat_gather_cpu(const at::Tensor& flat, at::TensorList sources, at::IntArrayRef offsets) {
-  check_flat_gather_args(flat, sources, offsets, at::kCPU);
-  char* base = static_cast<char*>(flat.data_ptr());
-  const int64_t size = flat.element_size();
-  at::parallel_for(0, static_cast<int64_t>(sources.size()), 64, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      std::memcpy(base + offsets[i] * size, sources[i].data_ptr(), sources[i].numel() * size);
-    }
-  });
-}
-
-// Copies each grad into `flat` at its offset: the gather kernel where the device has one (one launch
-// whatever the number of grads), else one foreach copy (apexlite's CUDA kernel not loaded).
-void copy_into(const at::Tensor& flat, const std::vector<at::Tensor>& grads, const std::vector<int64_t>& offsets) {
-  if (flat.is_cpu()) {
-    flat_gather_cpu(flat, grads, offsets);
-    return;
-  }
-  static const auto gather = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("apexlite::flat_gather_", "")
-                                 .typed<void(const at::Tensor&, at::TensorList, at::IntArrayRef)>();
-  if (gather.hasKernelForDispatchKey(flat.key_set().highestPriorityTypeId())) {
-    gather.call(flat, grads, offsets);
-    return;
-  }
-  std::vector<at::Tensor> targets, sources;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    const int64_t n = grads[i].numel();
-    targets.push_back(flat.narrow(0, offsets[i], n));
-    sources.push_back(grads[i].as_strided({n}, {1}));  // the grad's dense block in memory order
-  }
-  at::_foreach_copy_(targets, sources);
 }
 
 // 1 when the group's params list holds exactly the params of `known` (a tuple), in order; 0 when
@@ -446,7 +340,5 @@ PyMethodDef kFunctions[] = {
 }  // namespace
 
 int register_flat_grad_functions(PyObject* module) { return PyModule_AddFunctions(module, kFunctions); }
-
-TORCH_LIBRARY_IMPL(apexlite, CPU, m) { m.impl("flat_gather_", &flat_gather_cpu); }
 
 }  // namespace apexlite

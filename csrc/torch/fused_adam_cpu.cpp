@@ -11,9 +11,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "../cuda/chunk_table.h"
 #include "apexlite/adam_math.h"
 #include "checks.h"
+#include "grad_runs.h"
 
 namespace apexlite {
 namespace {
@@ -231,15 +231,7 @@ void fused_adam_flat_grad_list_cpu(const at::Tensor& param, at::TensorList grads
   buffers.exp_avg = slot_of(exp_avg);
   buffers.exp_avg_sq = slot_of(exp_avg_sq);
   if (model_copy.has_value()) buffers.copy = slot_of(*model_copy);
-  std::vector<uint64_t> sources(grads.size());
-  std::vector<int64_t> numels(grads.size());
-  for (size_t i = 0; i < grads.size(); ++i) {
-    sources[i] = reinterpret_cast<uint64_t>(grads[i].data_ptr());
-    numels[i] = grads[i].numel();
-  }
-  const std::vector<cuda::ChunkEntry> table =
-      cuda::chunk_table(sources.data(), offsets.data_ptr<int64_t>(), numels.data(), static_cast<int64_t>(grads.size()),
-                        kTaskElems, grads[0].element_size());
+  const std::vector<cuda::ChunkEntry> table = grad_runs(grads, offsets, kTaskElems);
   const at::ScalarType grad_dtype = grads[0].scalar_type();
   const auto run = adam_w_mode ? &run_task_decoupled : &run_task_l2;
   at::parallel_for(0, static_cast<int64_t>(table.size()), 1, [&](int64_t begin, int64_t end) {

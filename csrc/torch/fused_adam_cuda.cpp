@@ -8,9 +8,9 @@
 
 #include <vector>
 
-#include "../cuda/chunk_table.h"
 #include "../cuda/launchers.h"
 #include "checks.h"
+#include "grad_runs.h"
 #include "device_table.h"
 
 namespace apexlite {
@@ -137,15 +137,7 @@ void fused_adam_flat_grad_list_cuda(const at::Tensor& param, at::TensorList grad
   check_flat_grad_list(param, grads, offsets, steps);
   if (grads.empty()) return;
   const c10::cuda::CUDAGuard device_guard(param.device());
-  std::vector<uint64_t> sources(grads.size());
-  std::vector<int64_t> numels(grads.size());
-  for (size_t i = 0; i < grads.size(); ++i) {
-    sources[i] = reinterpret_cast<uint64_t>(grads[i].data_ptr());
-    numels[i] = grads[i].numel();
-  }
-  const std::vector<cuda::ChunkEntry> table =
-      cuda::chunk_table(sources.data(), offsets.data_ptr<int64_t>(), numels.data(), static_cast<int64_t>(grads.size()),
-                        cuda::kGradChunkElems, grads[0].element_size());
+  const std::vector<cuda::ChunkEntry> table = grad_runs(grads, offsets, cuda::kGradChunkElems);
   const at::Tensor on_device = device_table(table, param.device());
   cuda::AdamFlatBuffers buffers = flat_buffers(param, at::Tensor(), exp_avg, exp_avg_sq, steps, model_copy, unscale_grads);
   buffers.grad_kind = kind_of(grads[0]);

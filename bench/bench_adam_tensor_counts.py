@@ -20,7 +20,8 @@ Cases (AdamW, lr 1e-3, weight decay 0.01, fp32):
   ``FusedAdam`` steps a set of 1,000+ params (16M+ elements) in pieces, each launched once checked, so the
   device starts while the host checks the rest (NOTE [flat grads]; on the CPU there is nothing to overlap);
 * ``FusedAdam fresh grads`` / ``torch fused fresh grads``: a new ``.grad`` tensor per param before every
-  step (made outside the timing, as backward makes them), and the timing covers the step and then
+  step, made outside the timing by a backward (autograd's grads, with no Python objects, as a model's
+  backward leaves them; before 2026-11-28 they were assigned in Python), and the timing covers the step and then
   ``zero_grad(set_to_none=True)``: what an optimizer costs per iteration in torch's default loop. FusedAdam
   moves the first step's fresh grads into its grad buffer and, with its own kernels, reads the later
   ones where they are (NOTE [flat grads]; torch's fused ops, its fallback, move them every step); torch
@@ -82,14 +83,16 @@ def _params(sizes: List[int], device: str, seed: int = 0) -> List[torch.nn.Param
 
 def _fresh_grads(make: Callable[[List[torch.nn.Parameter]], torch.optim.Optimizer], sizes: List[int],
                  device: str) -> Case:
-    """step() then zero_grad(set_to_none=True), timed; a new .grad per param before each, untimed."""
+    """step() then zero_grad(set_to_none=True), timed; before each, untimed, a backward that gives every
+    param a new .grad (autograd's accumulator copies each source into a tensor of its own, with no Python
+    object, as a model's backward does)."""
     params = _params(sizes, device)
     optimizer = make(params)
     sources = [p.grad.clone() for p in params]
+    optimizer.zero_grad(set_to_none=True)
 
     def new_grads() -> None:
-        for p, source in zip(params, sources):
-            p.grad = source.clone()
+        torch.autograd.backward(params, grad_tensors=sources)
 
     def step_and_clear() -> None:
         optimizer.step()

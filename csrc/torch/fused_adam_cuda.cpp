@@ -10,8 +10,8 @@
 
 #include "../cuda/launchers.h"
 #include "checks.h"
-#include "grad_runs.h"
 #include "device_table.h"
+#include "grad_runs.h"
 
 namespace apexlite {
 namespace {

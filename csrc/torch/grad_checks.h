@@ -54,7 +54,7 @@ inline bool readable(const at::Tensor& grad) { return !grad.key_set().has(c10::D
 // Whether any two of the grads at `pinned` share memory, or one lies in `buffer`: such grads are read
 // where they are only when each element belongs to one grad (the kernels may write the unscaled grads).
 inline bool any_shared(const std::vector<const at::Tensor*>& grads, const std::vector<Py_ssize_t>& pinned,
-                const c10::Storage& buffer) {
+                       const c10::Storage& buffer) {
   struct Extent {
     const c10::StorageImpl* storage;
     int64_t begin, end;

@@ -9,11 +9,13 @@
 #               (scripts/run_apex_l0.py --device cuda), judged against scripts/apex_l0_expected.tsv; the four
 #               run at once beside the tests, each a process of its own;
 #   5. bench    alone on the GPU: FusedAdam at 1-10,000 tensors against torch's fused/foreach AdamW and the
-#               copy roofline, its zero_grad against theirs, bench/bench_gpu.py's figures, and repeated
+#               copy roofline, its zero_grad against theirs, the host cost of its grad checks on one thread
+#               and on this host's (bench_flat_scan), bench/bench_gpu.py's figures, and repeated
 #               amp.initialize on CUDA.
 # Every step has its own time limit (`timeout`), so a stall or a failure in one still reports the others;
-# the limits add up to 645 s (build 150 s, doctor 30, tests and apex's suites side by side 240,
-# benchmarks 225; bench_zero_grad, added after the measured run below, has not yet run on a GPU).
+# the limits add up to 675 s (build 150 s, doctor 30, tests and apex's suites side by side 240,
+# benchmarks 255; bench_zero_grad and bench_flat_scan, added after the measured run below, have not yet
+# run on a GPU).
 # Measured on an NVIDIA H200 (16 cores, 2026-11-27, commit 403d2ca): 330 s in all (build 23, doctor 3,
 # tests and apex's suites 240: tests_cuda 224 and run_fused_layer_norm 183 the longest, benchmarks 56).
 # The record, in $APEXLITE_GPU_CHECK_OUT (default gpu_check_results): summary.md (a line per step: status,
@@ -117,6 +119,8 @@ if wanted bench; then
     step bench_adam_tensors 100 "$PY" -m bench.bench_adam_tensor_counts --device cuda --out "$OUT/adam_tensor_counts" --budget-s 70 \
         || failures=$((failures + 1))
     step bench_zero_grad 35 "$PY" -m bench.bench_zero_grad --device cuda --out "$OUT/zero_grad" --budget-s 15 \
+        || failures=$((failures + 1))
+    step bench_flat_scan 30 bash -c "'$PY' -m bench.bench_flat_scan --threads 1 && '$PY' -m bench.bench_flat_scan --threads 0" \
         || failures=$((failures + 1))
     step bench_gpu 60 "$PY" -m bench.bench_gpu --out "$OUT" --sizes 1e8 --rounds 5 || failures=$((failures + 1))
     step bench_repeated_initialize 30 "$PY" -m bench.bench_repeated_initialize --device cuda --configurations 300 \

@@ -5,7 +5,9 @@ NOTE [flat grads]
   is None (after ``zero_grad(set_to_none=True)``, torch's and FusedAdam's default; amp O2 clears
   them before each backward too).
 - A step whose members' grads all live in one grad buffer of the set's layout runs on that buffer:
-  nothing is copied. Fresh grads are copied into the buffer (one pass over them: memcpy on the CPU,
+  nothing is copied. The compiled check looks for that case first, scanning a set of more than 256 members
+  in parts on the intra-op threads (csrc/torch/member_scan.cpp: a cold scan waits on cache misses, which
+  each core keeps in flight on its own); its answer and its version bumps are one thread's. Fresh grads are copied into the buffer (one pass over them: memcpy on the CPU,
   one launch of apexlite::flat_gather_ on a GPU, its table built in one C++ loop) and each grad
   tensor is then re-pointed into it: the same Python object with the same shape, strides and values,
   only its storage moves. So ``.grad`` keeps its identity (GradScaler's contract: the unscaled grads
@@ -79,7 +81,7 @@ READY, LIST_PATH, REBUILD, READ_IN_PLACE = 0, 1, 2, 3
 MOVE_FRESH, READ_LARGE_FRESH, READ_FRESH = 0, 1, 2
 MAX_FRESH_AVERAGE_CPU = 8192  # elements: about where copying a fresh grad costs what the per-tensor path does
 MAX_FRESH_AVERAGE_CPU_AGAIN = 2048  # the same right after a step that moved fresh grads: a zero_grad(set_to_none) loop
-# indexed by the reason codes of csrc/torch/flat_grads.cpp
+# indexed by the reason codes of csrc/torch/member_scan.h
 REASONS = (
     "",
     "the group's params list changed",

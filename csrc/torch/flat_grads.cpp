@@ -29,6 +29,7 @@
 #include "flat_copy.h"
 #include "grad_checks.h"
 #include "grad_list.h"
+#include "member_scan.h"
 
 namespace apexlite {
 namespace {
@@ -37,46 +38,10 @@ enum Status : int { kReady = 0, kListPath = 1, kRebuild = 2, kReadInPlace = 3 };
 // When fresh grads are read where they are (apexlite::fused_adam_flat_grad_list_) instead of moving
 // into the grad buffer. Must match GRAD_READS in apexlite/optimizers/_flat_grads.py.
 enum GradReads : int { kMoveFresh = 0, kReadLargeFresh = 1, kReadFresh = 2 };
-// Must match REASONS in apexlite/optimizers/_flat_grads.py.
-enum Reason : int {
-  kNone = 0,
-  kGroupChanged = 1,
-  kParamMoved = 2,
-  kMissingGrad = 3,
-  kGradDtype = 4,
-  kMasterGrad = 5,
-  kOddGrad = 6,
-  kSharedGrad = 7,
-  kLargeFreshGrads = 8,
-};
-
 int status_of(int reason) {
   return reason == kGroupChanged || reason == kParamMoved || reason == kMissingGrad || reason == kGradDtype
              ? kRebuild
              : kListPath;
-}
-
-// Starts loading what the scan of member i reads, in stages (each needs the previous one's pointer):
-// the objects of one param sit at scattered addresses, and a cold pass waits on each miss in turn.
-constexpr Py_ssize_t kAhead = 4;
-
-void prefetch_lines(const void* address) {
-  const char* bytes = static_cast<const char*>(address);
-  for (int line = 0; line < 3; ++line) __builtin_prefetch(bytes + 64 * line);
-}
-
-void prefetch_member(PyObject* members, Py_ssize_t i, Py_ssize_t count) {
-  if (i + 3 * kAhead < count) __builtin_prefetch(PyTuple_GET_ITEM(members, i + 3 * kAhead));
-  if (i + 2 * kAhead < count) prefetch_lines(THPVariable_Unpack(PyTuple_GET_ITEM(members, i + 2 * kAhead)).unsafeGetTensorImpl());
-  if (i + kAhead < count) {
-    const c10::AutogradMetaInterface* meta =
-        THPVariable_Unpack(PyTuple_GET_ITEM(members, i + kAhead)).unsafeGetTensorImpl()->autograd_meta();
-    if (meta != nullptr) __builtin_prefetch(meta);
-  }
-  if (i + 1 < count) {
-    const at::Tensor& next_grad = grad_of(THPVariable_Unpack(PyTuple_GET_ITEM(members, i + 1)));
-    if (next_grad.defined()) prefetch_lines(next_grad.unsafeGetTensorImpl());
-  }
 }
 
 // 1 when the group's params list holds exactly the params of `known` (a tuple), in order; 0 when
@@ -92,14 +57,26 @@ int same_group(PyObject* group_params, PyObject* known) {
   return same ? 1 : 0;
 }
 
-// The per-member tables the step's checks take, against the `count` members.
-void check_member_tables(const char* function, Py_ssize_t count, const at::Tensor& param_ptrs,
-                         const at::Tensor& offsets, PyObject* masters) {
+// The set the step's checks take, its per-member tables checked against its members.
+SetView set_view(const char* function, PyObject* members, PyObject* masters, PyObject* param_ptrs_obj,
+                 PyObject* offsets_obj, const at::Tensor& grad_like, int64_t total, int64_t shift) {
+  const Py_ssize_t count = PyTuple_GET_SIZE(members);
+  const at::Tensor& param_ptrs = THPVariable_Unpack(param_ptrs_obj);
+  const at::Tensor& offsets = THPVariable_Unpack(offsets_obj);
   TORCH_CHECK(param_ptrs.numel() == count && offsets.numel() == count && param_ptrs.is_contiguous() &&
                   offsets.is_contiguous() && param_ptrs.scalar_type() == at::kLong && offsets.scalar_type() == at::kLong,
               "apexlite._C.", function, ": param_ptrs and offsets must be contiguous int64 tensors of one entry per member");
   TORCH_CHECK(masters == Py_None || (PyTuple_Check(masters) && PyTuple_GET_SIZE(masters) == count), "apexlite._C.",
               function, ": masters must be None or a tuple of one tensor per member");
+  return SetView{members, masters == Py_None ? nullptr : masters, param_ptrs.data_ptr<int64_t>(),
+                 offsets.data_ptr<int64_t>(), shift, (shift + total) * grad_like.element_size(), grad_like.scalar_type()};
+}
+
+// The grad buffer's `total` elements from element `shift` of `storage`, as one tensor.
+PyObject* wrap_buffer(const c10::Storage& storage, const at::Tensor& grad_like, int64_t total, int64_t shift) {
+  at::Tensor flat = at::empty({0}, grad_like.options());
+  flat.set_(storage, shift, {total}, {1});
+  return THPVariable_Wrap(flat);
 }
 
 PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
@@ -113,24 +90,26 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
                         &max_fresh_average, &grad_reads)) {
     return nullptr;
   }
-  const at::Tensor& param_ptrs = THPVariable_Unpack(param_ptrs_obj);
-  const at::Tensor& offset_tensor = THPVariable_Unpack(offsets_obj);
   const at::Tensor& grad_like = THPVariable_Unpack(grad_like_obj);
+  const SetView set = set_view("flat_grads", members, masters, param_ptrs_obj, offsets_obj, grad_like, total, shift);
   const Py_ssize_t count = PyTuple_GET_SIZE(members);
-  check_member_tables("flat_grads", count, param_ptrs, offset_tensor, masters);
-  const bool with_masters = masters != Py_None;
-  const int64_t* expected = param_ptrs.data_ptr<int64_t>();
-  const int64_t* offsets = offset_tensor.data_ptr<int64_t>();
   const auto verdict = [](int reason) { return Py_BuildValue("iiO", status_of(reason), reason, Py_None); };
 
   const int same = same_group(group_params, known);
   if (same < 0) return nullptr;
   if (!same) return verdict(kGroupChanged);
 
+  // The usual step first: every grad in place, as the last step left it (scan_in_place: in parallel).
+  // Anything else takes the full scan below, which does not bump again the members this one bumped.
+  Py_ssize_t kept = 0;
+  if (count > 0) {
+    const c10::Storage kept_buffer = buffer_at(set, 0);
+    if (kept_buffer) kept = scan_in_place(set, kept_buffer.unsafeGetStorageImpl(), 0, count);
+    if (kept == count) return Py_BuildValue("inN", kReady, Py_ssize_t{0}, wrap_buffer(kept_buffer, grad_like, total, shift));
+  }
   // Reasons that rebuild the layout return at once; the others are noted and the scan goes on, so
   // that a missing grad further on is never hidden behind them (its counter would fall behind).
   c10::Storage buffer;  // the grad buffer the in-place grads share, once one is seen
-  const int64_t element_size = grad_like.element_size();
   // The grads as their .grad slots hold them: no reference is taken (two atomics per member saved),
   // which is safe because nothing in this call runs Python or touches a param's grad.
   std::vector<const at::Tensor*> grads(count);
@@ -143,24 +122,22 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
     const at::Tensor& param = THPVariable_Unpack(PyTuple_GET_ITEM(members, i));
     // The kernel writes the params through raw pointers. Bumped here, while the param is at hand: a
     // step that then takes the per-tensor path bumps them again, which is harmless.
-    param.unsafeGetTensorImpl()->bump_version();
-    if (address_of(param) != expected[i]) return verdict(kParamMoved);
+    if (i >= kept) param.unsafeGetTensorImpl()->bump_version();
+    if (address_of(param) != set.expected[i]) return verdict(kParamMoved);
     const at::Tensor& grad = grad_of(param);
     if (!grad.defined()) return verdict(kMissingGrad);
-    if (grad.scalar_type() != grad_like.scalar_type()) return verdict(kGradDtype);
-    if (with_masters && grad_of(THPVariable_Unpack(PyTuple_GET_ITEM(masters, i))).defined()) {
+    if (grad.scalar_type() != set.dtype) return verdict(kGradDtype);
+    if (set.masters != nullptr && grad_of(THPVariable_Unpack(PyTuple_GET_ITEM(set.masters, i))).defined()) {
       reason = reason ? reason : kMasterGrad;
     } else if (grad.layout() != at::kStrided || grad.device() != param.device() || !same_layout(grad, param)) {
       reason = reason ? reason : kOddGrad;
     }
     if (reason) continue;
     const c10::Storage& storage = grad.storage();
-    if (!buffer && grad.storage_offset() == shift + offsets[i] &&
-        static_cast<int64_t>(storage.nbytes()) == (shift + total) * element_size) {
-      buffer = storage;
-    }
+    const bool at_offset = grad.storage_offset() == shift + set.offsets[i];
+    if (!buffer && at_offset && static_cast<int64_t>(storage.nbytes()) == set.buffer_bytes) buffer = storage;
     const bool mine = buffer && storage.unsafeGetStorageImpl() == buffer.unsafeGetStorageImpl();
-    if (mine && grad.storage_offset() != shift + offsets[i]) {
+    if (mine && !at_offset) {
       reason = kOddGrad;  // the buffer in another layout
     } else if (!mine && !movable(grad)) {
       if (grad_reads == kMoveFresh || !readable(grad)) {
@@ -199,7 +176,7 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   for (Py_ssize_t i = 0; i < count; ++i) {
     if (!(reuse && in_place[i])) {
       moving.push_back(*grads[i]);
-      moving_offsets.push_back(offsets[i]);
+      moving_offsets.push_back(set.offsets[i]);
     }
   }
   if (!moving.empty()) copy_into(flat, moving, moving_offsets);
@@ -228,14 +205,12 @@ PyObject* flat_grads_in_place(PyObject* /*module*/, PyObject* args) {
                         &flat_obj)) {
     return nullptr;
   }
-  const at::Tensor& param_ptrs = THPVariable_Unpack(param_ptrs_obj);
-  const at::Tensor& offset_tensor = THPVariable_Unpack(offsets_obj);
   const at::Tensor& grad_like = THPVariable_Unpack(grad_like_obj);
+  const SetView set =
+      set_view("flat_grads_in_place", members, masters, param_ptrs_obj, offsets_obj, grad_like, total, shift);
   const Py_ssize_t count = PyTuple_GET_SIZE(members);
-  check_member_tables("flat_grads_in_place", count, param_ptrs, offset_tensor, masters);
   TORCH_CHECK(0 <= begin && begin <= end && end <= count, "apexlite._C.flat_grads_in_place: members [", begin, ", ",
               end, ") is no range of the ", count, " members");
-  const bool with_masters = masters != Py_None;
   TORCH_CHECK(flat_obj == Py_None || THPVariable_Check(flat_obj),
               "apexlite._C.flat_grads_in_place: flat must be None or the tensor an earlier call returned");
   if (begin == 0) {
@@ -243,33 +218,14 @@ PyObject* flat_grads_in_place(PyObject* /*module*/, PyObject* args) {
     if (same < 0) return nullptr;
     if (!same) return Py_BuildValue("LO", -1LL, Py_None);
   }
-  const int64_t* expected = param_ptrs.data_ptr<int64_t>();
-  const int64_t* offsets = offset_tensor.data_ptr<int64_t>();
-  const int64_t element_size = grad_like.element_size();
   c10::Storage buffer;
   if (flat_obj != Py_None) buffer = THPVariable_Unpack(flat_obj).storage();
-  Py_ssize_t stop = begin;
-  for (; stop < end; ++stop) {
-    prefetch_member(members, stop, end);
-    const at::Tensor& param = THPVariable_Unpack(PyTuple_GET_ITEM(members, stop));
-    if (address_of(param) != expected[stop]) break;
-    const at::Tensor& grad = grad_of(param);
-    if (!lies_at(grad, param, grad_like.scalar_type(), shift + offsets[stop])) break;
-    if (with_masters && grad_of(THPVariable_Unpack(PyTuple_GET_ITEM(masters, stop))).defined()) break;
-    const c10::Storage& storage = grad.storage();
-    if (!buffer) {
-      if (static_cast<int64_t>(storage.nbytes()) != (shift + total) * element_size) break;
-      buffer = storage;
-    } else if (storage.unsafeGetStorageImpl() != buffer.unsafeGetStorageImpl()) {
-      break;
-    }
-    param.unsafeGetTensorImpl()->bump_version();  // the kernel writes it through a raw pointer
-  }
+  if (!buffer && begin < end) buffer = buffer_at(set, begin);
+  if (!buffer) return Py_BuildValue("nO", begin, flat_obj);
+  const Py_ssize_t stop = scan_in_place(set, buffer.unsafeGetStorageImpl(), begin, end);
   if (flat_obj != Py_None) return Py_BuildValue("nO", stop, flat_obj);
   if (stop == begin) return Py_BuildValue("nO", stop, Py_None);
-  at::Tensor flat = at::empty({0}, grad_like.options());
-  flat.set_(buffer, shift, {total}, {1});
-  return Py_BuildValue("nN", stop, THPVariable_Wrap(flat));
+  return Py_BuildValue("nN", stop, wrap_buffer(buffer, grad_like, total, shift));
   END_HANDLE_TH_ERRORS
 }
 

@@ -1,0 +1,52 @@
+// The per-member scans of FusedAdam's grad checks (flat_grads.cpp). A scan of a cold set waits on cache
+// misses (about ten scattered lines a member), so the scan of kept grads, a step's usual case, is cut into
+// parts that the intra-op threads scan side by side, each core keeping its own misses in flight; its answer
+// and its version bumps are the same as one thread's, whatever the number of threads.
+#pragma once
+
+#include <torch/csrc/python_headers.h>
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace apexlite {
+
+// Why a set's step leaves the flat buffers. Must match REASONS in apexlite/optimizers/_flat_grads.py.
+enum Reason : int {
+  kNone = 0,
+  kGroupChanged = 1,
+  kParamMoved = 2,
+  kMissingGrad = 3,
+  kGradDtype = 4,
+  kMasterGrad = 5,
+  kOddGrad = 6,
+  kSharedGrad = 7,
+  kLargeFreshGrads = 8,
+};
+
+// A set's members as the checks read them (borrowed: the caller holds the tuples and tables).
+struct SetView {
+  PyObject* members;        // tuple of params
+  PyObject* masters;        // tuple of fp32 masters, or nullptr
+  const int64_t* expected;  // each param's data address when the set was built
+  const int64_t* offsets;   // each member's offset in the grad buffer
+  int64_t shift;            // where the grad buffer starts in its storage (elements)
+  int64_t buffer_bytes;     // the grad buffer's storage size
+  at::ScalarType dtype;     // the grads' dtype
+};
+
+// The grad buffer as member `i`'s grad finds it: that grad's storage when it has the buffer's size, else none.
+c10::Storage buffer_at(const SetView& set, Py_ssize_t i);
+
+// The first member of [begin, end) not exactly as the set left it (end when all are): its param where the
+// set put it, its grad in place in `buffer` (at its offset, laid out like its param), no master grad.
+// The members before it have their versions bumped (the kernel writes them through raw pointers); no other.
+Py_ssize_t scan_in_place(const SetView& set, const c10::StorageImpl* buffer, Py_ssize_t begin, Py_ssize_t end);
+
+// Starts loading what a scan of member i reads, for the members up to `end`, in stages (each needs the
+// previous one's pointer): the objects of one param sit at scattered addresses, and a cold pass waits on
+// each miss in turn.
+void prefetch_member(PyObject* members, Py_ssize_t i, Py_ssize_t end);
+
+}  // namespace apexlite

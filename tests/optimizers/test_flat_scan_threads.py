@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from apexlite.optimizers import FusedAdam, _flat_grads
-from tests.optimizers.flat_helpers import HYPER, assert_same, grads_for, make_params
+from tests.optimizers.flat_helpers import HYPER, assert_same, grads_for, make_params, twins
 
 MEMBERS = 1_200  # two threads scan 600 each
 SHAPES = [(2 + index % 3,) for index in range(MEMBERS)]
@@ -165,11 +165,10 @@ def test_the_whole_check_of_a_set_of_fresh_grads_answers_as_its_python_twin(thre
 @pytest.mark.parametrize("at", [599, 600, MEMBERS - 1])
 @pytest.mark.parametrize("change", ["fresh grad", "missing grad", "moved param"])
 def test_steps_in_parts_match_the_per_tensor_path(threads, change, at):
+    """On apexlite's kernel (bit for bit against the per-tensor path), with the compiled checks."""
+    _native("flat_grads")
     apply = CHANGES[change][0]
-    runs = []
-    for flat in (True, False):
-        params = make_params(torch.float32, SHAPES)
-        runs.append((params, FusedAdam(params, flat_buffers=flat, **HYPER)))
+    runs = twins(shapes=SHAPES)
     for step in range(4):
         grads = grads_for(runs[0][0], torch.float32, step)
         for params, opt in runs:

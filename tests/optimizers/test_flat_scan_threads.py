@@ -1,5 +1,5 @@
 """FusedAdam's per-step grad checks on a set long enough for apexlite._C to scan it in parts on the intra-op
-threads (256 members a thread at least): with one thread and with two, the compiled checks must answer as
+threads (more than 256 members): with one thread and with two, the compiled checks must answer as
 their Python twins do, bump exactly the same param versions, and step exactly as the per-tensor path, wherever
 in the set (first part, a part's edge, the last member) a grad or param is not as the last step left it.
 """
@@ -32,7 +32,7 @@ def _master_grad(params, masters, at):
     masters[at].grad = torch.zeros_like(masters[at])
 
 
-# change -> (param dtype, master_weights)
+# change -> (what it does to member `at`, param dtype, master_weights)
 CHANGES = {
     "fresh grad": (_fresh, torch.float32, False),
     "missing grad": (_missing, torch.float32, False),

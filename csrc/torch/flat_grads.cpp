@@ -127,7 +127,7 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
     const at::Tensor& grad = grad_of(param);
     if (!grad.defined()) return verdict(kMissingGrad);
     if (grad.scalar_type() != set.dtype) return verdict(kGradDtype);
-    if (set.masters != nullptr && grad_of(THPVariable_Unpack(PyTuple_GET_ITEM(set.masters, i))).defined()) {
+    if (has_master_grad(set, i)) {
       reason = reason ? reason : kMasterGrad;
     } else if (grad.layout() != at::kStrided || grad.device() != param.device() || !same_layout(grad, param)) {
       reason = reason ? reason : kOddGrad;

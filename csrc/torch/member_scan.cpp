@@ -26,10 +26,6 @@ void prefetch_lines(const void* address) {
   for (int line = 0; line < 3; ++line) __builtin_prefetch(bytes + 64 * line);
 }
 
-bool has_master_grad(const SetView& set, Py_ssize_t i) {
-  return set.masters != nullptr && grad_of(param_at(set.masters, i)).defined();
-}
-
 bool in_place_at(const SetView& set, const c10::StorageImpl* buffer, Py_ssize_t i) {
   const at::Tensor& param = param_at(set.members, i);
   if (address_of(param) != set.expected[i]) return false;
@@ -60,6 +56,10 @@ void prefetch_member(PyObject* members, Py_ssize_t i, Py_ssize_t end) {
     const at::Tensor& next_grad = grad_of(param_at(members, i + 1));
     if (next_grad.defined()) prefetch_lines(next_grad.unsafeGetTensorImpl());
   }
+}
+
+bool has_master_grad(const SetView& set, Py_ssize_t i) {
+  return set.masters != nullptr && grad_of(param_at(set.masters, i)).defined();
 }
 
 c10::Storage buffer_at(const SetView& set, Py_ssize_t i) {

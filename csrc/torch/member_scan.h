@@ -36,6 +36,9 @@ struct SetView {
   at::ScalarType dtype;     // the grads' dtype
 };
 
+// Whether member i's fp32 master holds a grad of its own (amp O2 with clipping or accumulation).
+bool has_master_grad(const SetView& set, Py_ssize_t i);
+
 // The grad buffer as member `i`'s grad finds it: that grad's storage when it has the buffer's size, else none.
 c10::Storage buffer_at(const SetView& set, Py_ssize_t i);
 

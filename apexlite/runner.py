@@ -7,7 +7,9 @@ apex import hook installed first so `import apex` and `import amp_C` resolve to 
 APEXLITE_OPT_LEVEL / APEXLITE_DTYPE in the environment are honoured by `amp.initialize`, so the opt level
 or dtype can change without editing the script.
 When `main()` returns (or raises), `sys.argv`, `sys.path` and `PYTHONPATH` are as it found them and
-the hook is off `sys.meta_path` again, so a run can be embedded in another Python program.
+the hook is off `sys.meta_path` again, so a run can be embedded in another Python program. A script that
+ended normally gets one thing more at interpreter exit: a gloo process group it left alive is destroyed
+before shutdown (apexlite.gloo_exit), where torch's gloo threads could otherwise abort the finished process.
 """
 from __future__ import annotations
 

@@ -45,9 +45,14 @@ for t in range(args.steps):
 
 flat = torch.cat([p.detach().float().flatten() for p in model.parameters()])
 gathered = [torch.empty_like(flat) for _ in range(world)]
-dist.all_gather(gathered, flat)
+# The last collectives keep their handles until exit, so a gloo worker thread never holds the last reference
+# to a tensor Python knows: letting it go during interpreter shutdown would abort this finished process
+# (a torch gloo race; docs/distributed.md, "The end of a gloo run").
+gather = dist.all_gather(gathered, flat, async_op=True)
+gather.wait()
 assert all(torch.equal(gathered[0], g) for g in gathered), "ranks diverged"
 print("rank {}: weights identical on all {} ranks".format(rank, world))
-dist.barrier()  # no rank tears gloo down while a peer is still in a collective
+barrier = dist.barrier(async_op=True)  # no rank tears gloo down while a peer is still in a collective
+barrier.wait()
 del model, optimizer  # release DDP's reducer before its process group goes away
 dist.destroy_process_group()

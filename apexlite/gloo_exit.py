@@ -13,9 +13,11 @@ it as their default), so no join.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import sys
 import time
+from typing import Iterator
 
 from apexlite._logging import get_logger
 
@@ -41,6 +43,19 @@ class GlooRelease:
 
     def arm(self) -> None:
         self.armed = True
+
+    @classmethod
+    @contextlib.contextmanager
+    def around_script(cls) -> Iterator["GlooRelease"]:
+        """Register before the script; arm when it returns or calls `sys.exit()` / `sys.exit(0)`."""
+        release = cls().register()
+        try:
+            yield release
+        except SystemExit as error:
+            if error.code is None or error.code == 0:
+                release.arm()
+            raise
+        release.arm()
 
     def release(self) -> bool:
         """Destroy the default group if it is gloo's and still initialised; True when it did.

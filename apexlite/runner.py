@@ -118,12 +118,6 @@ def _legacy_environment(argv: List[str], path0: str) -> Iterator[None]:
         saved.restore()
 
 
-def _arm_if_normal(release: GlooRelease, error: SystemExit) -> None:
-    """`sys.exit()` / `sys.exit(0)` end a script normally: its gloo group is released at exit."""
-    if error.code is None or error.code == 0:
-        release.arm()
-
-
 def run_script(path: str, args: List[str]) -> int:
     """Run the file, folder or zip archive at `path` as __main__ with the hook installed, as `python PATH`
     runs it (apexlite.script_main); returns the exit status."""
@@ -144,17 +138,13 @@ def run_script(path: str, args: List[str]) -> int:
             sys.stderr.write(f"apexlite run: can't open file {os.path.abspath(path)!r}: [Errno {error.errno}] "
                              f"{error.strerror}\n")
             return 2
-        release = GlooRelease().register()
         try:
-            execute_main(namespace, code)
-        except SystemExit as error:
-            _arm_if_normal(release, error)
-            raise
-        except KeyboardInterrupt:
+            with GlooRelease.around_script():
+                execute_main(namespace, code)
+        except (SystemExit, KeyboardInterrupt):
             raise
         except BaseException as error:  # noqa: B902 -- every other error ends the run as in `python SCRIPT`
             return _report_exception(error, namespace["__file__"])
-    release.arm()
     return 0
 
 
@@ -163,13 +153,10 @@ def run_module(name: str, args: List[str]) -> int:
     # runpy replaces argv[0] with the module's path, as `python -m` does
     with _legacy_environment([name, *args], os.getcwd()):
         origin = _origin_of_module(name)
-        release = GlooRelease().register()
         try:
-            runpy.run_module(name, run_name="__main__", alter_sys=True)
-        except SystemExit as error:
-            _arm_if_normal(release, error)
-            raise
-        except KeyboardInterrupt:
+            with GlooRelease.around_script():
+                runpy.run_module(name, run_name="__main__", alter_sys=True)
+        except (SystemExit, KeyboardInterrupt):
             raise
         except ImportError as error:
             if origin is None:
@@ -178,7 +165,6 @@ def run_module(name: str, args: List[str]) -> int:
             return _report_exception(error, origin)
         except BaseException as error:  # noqa: B902
             return _report_exception(error, origin)
-    release.arm()
     return 0
 
 

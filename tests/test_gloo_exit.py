@@ -72,8 +72,8 @@ def _run(tmp_path: Path, tail: str, as_module: bool) -> subprocess.CompletedProc
     env = {key: value for key, value in os.environ.items() if not key.startswith("APEXLITE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT), env.get("PYTHONPATH", "")])
     target = ["-m", "script"] if as_module else [str(tmp_path / "script.py")]
-    return subprocess.run([sys.executable, str(tmp_path / "observer.py"), *target, str(tmp_path / "store")], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env=env)
+    return subprocess.run([sys.executable, str(tmp_path / "observer.py"), *target, str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
 
 
 @pytest.mark.parametrize("case,tail,status,initialised,joined", CASES, ids=[case[0] for case in CASES])

@@ -256,25 +256,21 @@ PyObject* flat_zero_grads(PyObject* /*module*/, PyObject* args) {
   const at::Tensor& grad_like = THPVariable_Unpack(grad_like_obj);
   TORCH_CHECK(offset_tensor.numel() == count && offset_tensor.is_contiguous() && offset_tensor.scalar_type() == at::kLong,
               "apexlite._C.flat_zero_grads: offsets must be a contiguous int64 tensor of one entry per member");
-  const int64_t* offsets = offset_tensor.data_ptr<int64_t>();
-  c10::Storage buffer;
-  for (Py_ssize_t i = 0; i < count; ++i) {
-    const at::Tensor& param = THPVariable_Unpack(PyTuple_GET_ITEM(members, i));
-    const at::Tensor& grad = grad_of(param);
-    if (!lies_at(grad, param, grad_like.scalar_type(), shift + offsets[i]) || grad.requires_grad()) {
-      return PyLong_FromLong(1);
-    }
-    const c10::Storage& storage = grad.storage();
-    if (i == 0 && static_cast<int64_t>(storage.nbytes()) == (shift + total) * grad_like.element_size()) buffer = storage;
-    if (!buffer || storage.unsafeGetStorageImpl() != buffer.unsafeGetStorageImpl()) return PyLong_FromLong(1);
-  }
   if (count == 0) return PyLong_FromLong(0);
+  const int64_t* offsets = offset_tensor.data_ptr<int64_t>();
+  const at::Tensor& first_grad = grad_of(THPVariable_Unpack(PyTuple_GET_ITEM(members, 0)));
+  if (!first_grad.defined() ||
+      static_cast<int64_t>(first_grad.storage().nbytes()) != (shift + total) * grad_like.element_size()) {
+    return PyLong_FromLong(1);
+  }
+  const c10::Storage buffer = first_grad.storage();
+  if (!grads_all_in(members, offsets, shift, grad_like.scalar_type(), buffer.unsafeGetStorageImpl())) {
+    return PyLong_FromLong(1);
+  }
   at::Tensor flat = at::empty({0}, grad_like.options());
   flat.set_(buffer, shift, {total}, {1});
   flat.zero_();
-  for (Py_ssize_t i = 0; i < count; ++i) {
-    grad_of(THPVariable_Unpack(PyTuple_GET_ITEM(members, i))).unsafeGetTensorImpl()->bump_version();
-  }
+  bump_grad_versions(members);
   return PyLong_FromLong(0);
   END_HANDLE_TH_ERRORS
 }

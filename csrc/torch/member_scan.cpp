@@ -94,4 +94,28 @@ Py_ssize_t scan_in_place(const SetView& set, const c10::StorageImpl* buffer, Py_
   return static_cast<Py_ssize_t>(stop);
 }
 
+bool grads_all_in(PyObject* members, const int64_t* offsets, int64_t shift, at::ScalarType dtype,
+                  const c10::StorageImpl* buffer) {
+  const Py_ssize_t count = PyTuple_GET_SIZE(members);
+  std::atomic<bool> all_in{true};
+  at::parallel_for(0, count, kScanGrain, [&](int64_t part_begin, int64_t part_end) {
+    for (int64_t i = part_begin; i < part_end && all_in.load(std::memory_order_relaxed); ++i) {
+      prefetch_member(members, i, part_end);
+      const at::Tensor& param = param_at(members, i);
+      const at::Tensor& grad = grad_of(param);
+      if (!lies_at(grad, param, dtype, shift + offsets[i]) || grad.requires_grad() ||
+          grad.storage().unsafeGetStorageImpl() != buffer) {
+        all_in.store(false, std::memory_order_relaxed);
+      }
+    }
+  });
+  return all_in.load();
+}
+
+void bump_grad_versions(PyObject* members) {
+  at::parallel_for(0, PyTuple_GET_SIZE(members), kScanGrain, [&](int64_t part_begin, int64_t part_end) {
+    for (int64_t i = part_begin; i < part_end; ++i) grad_of(param_at(members, i)).unsafeGetTensorImpl()->bump_version();
+  });
+}
+
 }  // namespace apexlite

@@ -47,6 +47,15 @@ c10::Storage buffer_at(const SetView& set, Py_ssize_t i);
 // The members before it have their versions bumped (the kernel writes them through raw pointers); no other.
 Py_ssize_t scan_in_place(const SetView& set, const c10::StorageImpl* buffer, Py_ssize_t begin, Py_ssize_t end);
 
+// zero_grad's check of kept grads: whether every member's grad is a plain tensor (not requiring grad) of
+// `dtype` laid out like its param from element shift + offsets[i] of `buffer`. Scanned in parts like
+// scan_in_place; changes nothing.
+bool grads_all_in(PyObject* members, const int64_t* offsets, int64_t shift, at::ScalarType dtype,
+                  const c10::StorageImpl* buffer);
+
+// Advances every member's grad version by one, as grad.zero_() on each would (in parts, like the scans).
+void bump_grad_versions(PyObject* members);
+
 // Starts loading what a scan of member i reads, for the members up to `end`, in stages (each needs the
 // previous one's pointer): the objects of one param sit at scattered addresses, and a cold pass waits on
 // each miss in turn.

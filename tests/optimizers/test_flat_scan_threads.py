@@ -181,3 +181,44 @@ def test_steps_in_parts_match_the_per_tensor_path(threads, change, at):
                 apply(params, None, at)
             opt.step()
     assert_same(*runs)
+
+
+def _grad_requiring_grad(params, masters, at):
+    params[at].grad = params[at].grad.detach().requires_grad_()
+
+
+# change -> flat_zero_grads' answer on kept grads (NOT_IN_BUFFER: the caller clears them one by one)
+ZERO_GRAD_CHANGES = {None: _flat_grads.ZEROED, "fresh grad": _flat_grads.NOT_IN_BUFFER,
+                     "missing grad": _flat_grads.NOT_IN_BUFFER, "grad requiring grad": _flat_grads.NOT_IN_BUFFER}
+
+
+@pytest.mark.parametrize("at", POSITIONS)
+@pytest.mark.parametrize("change", list(ZERO_GRAD_CHANGES))
+def test_zero_grad_of_kept_grads_in_parts_answers_as_its_python_twin(threads, change, at):
+    """The same answer, grads, grad versions (each advanced once when zeroed, none otherwise) and params'
+    versions (never touched) as the Python twin, on sets built and changed alike."""
+    native = _native("flat_zero_grads")
+    apply = {"fresh grad": _fresh, "missing grad": _missing, "grad requiring grad": _grad_requiring_grad}.get(change)
+    seen = []
+    for check in (native, _flat_grads.python_flat_zero_grads):
+        params, _, flat_set, args = _built(torch.float32, False)
+        if apply:
+            apply(params, None, at)
+        grads = [p.grad for p in params]
+        grad_versions = [None if g is None else g._version for g in grads]
+        param_versions = [p._version for p in params]
+        answer = check(args[0], args[1], flat_set.members, flat_set.offsets, flat_set.grad_like,
+                       flat_set.weights.numel(), flat_set.grad_start, False)
+        assert all(p.grad is g for p, g in zip(params, grads))
+        seen.append((answer,
+                     [None if g is None else g._version - v for g, v in zip(grads, grad_versions)],
+                     [p._version - v for p, v in zip(params, param_versions)],
+                     [None if g is None else bool(g.eq(0).all()) for g in grads]))
+    assert seen[0] == seen[1]
+    answer, grad_bumps, param_bumps, zeros = seen[0]
+    assert answer == ZERO_GRAD_CHANGES[change]
+    assert param_bumps == [0] * MEMBERS
+    if answer == _flat_grads.ZEROED:
+        assert grad_bumps == [1] * MEMBERS and zeros == [True] * MEMBERS
+    else:
+        assert all(bump in (0, None) for bump in grad_bumps) and not any(zeros)

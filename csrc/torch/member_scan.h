@@ -1,7 +1,7 @@
-// The per-member scans of FusedAdam's grad checks (flat_grads.cpp). A scan of a cold set waits on cache
-// misses (about ten scattered lines a member), so the scan of kept grads, a step's usual case, is cut into
-// parts that the intra-op threads scan side by side, each core keeping its own misses in flight; its answer
-// and its version bumps are the same as one thread's, whatever the number of threads.
+// The per-member scans of FusedAdam's grad checks and zero_grad (flat_grads.cpp). A scan of a cold set waits
+// on cache misses (about ten scattered lines a member), so the scans of kept grads, a step's and zero_grad's
+// usual case, are cut into parts that the intra-op threads scan side by side, each core keeping its own misses
+// in flight; their answers and version bumps are the same as one thread's, whatever the number of threads.
 #pragma once
 
 #include <torch/csrc/python_headers.h>

@@ -4,8 +4,8 @@
 #   2. doctor   `python -m apexlite doctor`;
 #   3. bench    alone on a quiet GPU and host (the last run had the benchmarks after the suites, at load 8.6):
 #               FusedAdam at 1-10,000 tensors against torch's fused/foreach AdamW and the copy roofline, its
-#               zero_grad against theirs, the host cost of its grad checks on one thread and on this host's
-#               (bench_flat_scan), bench/bench_gpu.py's figures, and repeated amp.initialize on CUDA;
+#               zero_grad against theirs, the host cost of its grad checks on a quiet host and with every core
+#               kept busy (bench_flat_scan), bench/bench_gpu.py's figures, and repeated amp.initialize on CUDA;
 #   4. tests    two steps side by side: tests_cuda, the project's `cuda` tests (the `cuda_host` ones need no GPU:
 #               CI runs them) in $APEXLITE_GPU_CHECK_TEST_WORKERS pytest-xdist workers (default 4; 0: one
 #               process), and tests_torch_version, the CPU tests whose subject is torch-version sensitive
@@ -118,7 +118,7 @@ if wanted bench; then
         || failures=$((failures + 1))
     step bench_zero_grad 35 "$PY" -m bench.bench_zero_grad --device cuda --out "$OUT/zero_grad" --budget-s 15 \
         || failures=$((failures + 1))
-    step bench_flat_scan 30 bash -c "'$PY' -m bench.bench_flat_scan --threads 1 && '$PY' -m bench.bench_flat_scan --threads 0" \
+    step bench_flat_scan 30 bash -c "'$PY' -m bench.bench_flat_scan && '$PY' -m bench.bench_flat_scan --busy $(nproc)" \
         || failures=$((failures + 1))
     step bench_gpu 60 "$PY" -m bench.bench_gpu --out "$OUT" --sizes 1e8 --rounds 5 || failures=$((failures + 1))
     step bench_repeated_initialize 30 "$PY" -m bench.bench_repeated_initialize --device cuda --configurations 300 \

@@ -5,9 +5,9 @@ NOTE [flat grads]
   is None (after ``zero_grad(set_to_none=True)``, torch's and FusedAdam's default; amp O2 clears
   them before each backward too).
 - A step whose members' grads all live in one grad buffer of the set's layout runs on that buffer:
-  nothing is copied. The compiled check looks for that case first, scanning a set of more than 256 members
-  in parts on the intra-op threads (csrc/torch/member_scan.cpp: a cold scan waits on cache misses, which
-  each core keeps in flight on its own); its answer and its version bumps are one thread's. Fresh grads are copied into the buffer (one pass over them: memcpy on the CPU,
+  nothing is copied. The compiled check looks for that case first, in a tight loop on the calling thread
+  (csrc/torch/member_scan.cpp, which says why not on the intra-op threads). Fresh grads are copied into the
+  buffer (one pass over them: memcpy on the CPU,
   one launch of apexlite::flat_gather_ on a GPU, its table built in one C++ loop) and each grad
   tensor is then re-pointed into it: the same Python object with the same shape, strides and values,
   only its storage moves. So ``.grad`` keeps its identity (GradScaler's contract: the unscaled grads

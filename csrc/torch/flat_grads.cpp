@@ -99,7 +99,7 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   if (same < 0) return nullptr;
   if (!same) return verdict(kGroupChanged);
 
-  // The usual step first: every grad in place, as the last step left it (scan_in_place: in parallel).
+  // The usual step first: every grad in place, as the last step left it (scan_in_place, a tight loop).
   // Anything else takes the full scan below, which does not bump again the members this one bumped.
   Py_ssize_t kept = 0;
   if (count > 0) {

@@ -3,18 +3,10 @@
 
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <ATen/Parallel.h>
-
-#include <atomic>
-
 #include "grad_checks.h"
 
 namespace apexlite {
 namespace {
-
-// The parallel scan's grain: a longer range is cut into at most range / grain parts, one a thread (a cold
-// member costs 25-160 ns to scan; waking the intra-op threads, a few us).
-constexpr int64_t kScanGrain = 256;
 
 // How far ahead prefetch_member's stages start.
 constexpr Py_ssize_t kAhead = 4;
@@ -35,13 +27,6 @@ bool in_place_at(const SetView& set, const c10::StorageImpl* buffer, Py_ssize_t 
 }
 
 void bump(PyObject* members, Py_ssize_t i) { param_at(members, i).unsafeGetTensorImpl()->bump_version(); }
-
-// Lowers `first` to `i` when `i` is lower.
-void lower_to(std::atomic<int64_t>& first, int64_t i) {
-  int64_t seen = first.load();
-  while (i < seen && !first.compare_exchange_weak(seen, i)) {
-  }
-}
 
 }  // namespace
 
@@ -68,54 +53,33 @@ c10::Storage buffer_at(const SetView& set, Py_ssize_t i) {
   return c10::Storage();
 }
 
-// The first part bumps its members as it goes (a miss there is the first miss); the other parts' members
-// wait until the first miss is known, then are bumped in a second parallel pass (their lines still cached).
 Py_ssize_t scan_in_place(const SetView& set, const c10::StorageImpl* buffer, Py_ssize_t begin, Py_ssize_t end) {
-  std::atomic<int64_t> first_miss{end};
-  int64_t first_part_end = end;
-  at::parallel_for(begin, end, kScanGrain, [&](int64_t part_begin, int64_t part_end) {
-    const bool first_part = part_begin == begin;
-    if (first_part) first_part_end = part_end;
-    for (int64_t i = part_begin; i < part_end && i < first_miss.load(std::memory_order_relaxed); ++i) {
-      prefetch_member(set.members, i, part_end);
-      if (!in_place_at(set, buffer, i)) {
-        lower_to(first_miss, i);
-        return;
-      }
-      if (first_part) bump(set.members, i);
-    }
-  });
-  const int64_t stop = first_miss.load();
-  if (stop > first_part_end) {
-    at::parallel_for(first_part_end, stop, kScanGrain, [&](int64_t part_begin, int64_t part_end) {
-      for (int64_t i = part_begin; i < part_end; ++i) bump(set.members, i);
-    });
+  for (Py_ssize_t i = begin; i < end; ++i) {
+    prefetch_member(set.members, i, end);
+    if (!in_place_at(set, buffer, i)) return i;
+    bump(set.members, i);
   }
-  return static_cast<Py_ssize_t>(stop);
+  return end;
 }
 
 bool grads_all_in(PyObject* members, const int64_t* offsets, int64_t shift, at::ScalarType dtype,
                   const c10::StorageImpl* buffer) {
   const Py_ssize_t count = PyTuple_GET_SIZE(members);
-  std::atomic<bool> all_in{true};
-  at::parallel_for(0, count, kScanGrain, [&](int64_t part_begin, int64_t part_end) {
-    for (int64_t i = part_begin; i < part_end && all_in.load(std::memory_order_relaxed); ++i) {
-      prefetch_member(members, i, part_end);
-      const at::Tensor& param = param_at(members, i);
-      const at::Tensor& grad = grad_of(param);
-      if (!lies_at(grad, param, dtype, shift + offsets[i]) || grad.requires_grad() ||
-          grad.storage().unsafeGetStorageImpl() != buffer) {
-        all_in.store(false, std::memory_order_relaxed);
-      }
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    prefetch_member(members, i, count);
+    const at::Tensor& param = param_at(members, i);
+    const at::Tensor& grad = grad_of(param);
+    if (!lies_at(grad, param, dtype, shift + offsets[i]) || grad.requires_grad() ||
+        grad.storage().unsafeGetStorageImpl() != buffer) {
+      return false;
     }
-  });
-  return all_in.load();
+  }
+  return true;
 }
 
 void bump_grad_versions(PyObject* members) {
-  at::parallel_for(0, PyTuple_GET_SIZE(members), kScanGrain, [&](int64_t part_begin, int64_t part_end) {
-    for (int64_t i = part_begin; i < part_end; ++i) grad_of(param_at(members, i)).unsafeGetTensorImpl()->bump_version();
-  });
+  const Py_ssize_t count = PyTuple_GET_SIZE(members);
+  for (Py_ssize_t i = 0; i < count; ++i) grad_of(param_at(members, i)).unsafeGetTensorImpl()->bump_version();
 }
 
 }  // namespace apexlite

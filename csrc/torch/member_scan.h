@@ -1,7 +1,9 @@
-// The per-member scans of FusedAdam's grad checks and zero_grad (flat_grads.cpp). A scan of a cold set waits
-// on cache misses (about ten scattered lines a member), so the scans of kept grads, a step's and zero_grad's
-// usual case, are cut into parts that the intra-op threads scan side by side, each core keeping its own misses
-// in flight; their answers and version bumps are the same as one thread's, whatever the number of threads.
+// The per-member scans of FusedAdam's grad checks and zero_grad (flat_grads.cpp), on the calling thread. A
+// scan of a cold set waits on cache misses (about ten scattered lines a member), so each member's lines are
+// prefetched a few members ahead. The scans once ran in parts on the intra-op threads: a little faster on a
+// quiet machine (12 against 21 ns a param on 2 cores), but a parallel region ends at a barrier for all its
+// threads, and beside one busy process (a data loader's worker, say) a thread the scheduler did not run in time
+// stalled one call in ten or more by 4-24 ms (BENCHMARKS.md, "The grad checks beside busy cores").
 #pragma once
 
 #include <torch/csrc/python_headers.h>
@@ -48,12 +50,11 @@ c10::Storage buffer_at(const SetView& set, Py_ssize_t i);
 Py_ssize_t scan_in_place(const SetView& set, const c10::StorageImpl* buffer, Py_ssize_t begin, Py_ssize_t end);
 
 // zero_grad's check of kept grads: whether every member's grad is a plain tensor (not requiring grad) of
-// `dtype` laid out like its param from element shift + offsets[i] of `buffer`. Scanned in parts like
-// scan_in_place; changes nothing.
+// `dtype` laid out like its param from element shift + offsets[i] of `buffer`. Changes nothing.
 bool grads_all_in(PyObject* members, const int64_t* offsets, int64_t shift, at::ScalarType dtype,
                   const c10::StorageImpl* buffer);
 
-// Advances every member's grad version by one, as grad.zero_() on each would (in parts, like the scans).
+// Advances every member's grad version by one, as grad.zero_() on each would.
 void bump_grad_versions(PyObject* members);
 
 // Starts loading what a scan of member i reads, for the members up to `end`, in stages (each needs the

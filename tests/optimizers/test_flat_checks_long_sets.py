@@ -1,7 +1,8 @@
-"""FusedAdam's per-step grad checks on a set long enough for apexlite._C to scan it in parts on the intra-op
-threads (more than 256 members): with one thread and with two, the compiled checks must answer as
-their Python twins do, bump exactly the same param versions, and step exactly as the per-tensor path, wherever
-in the set (first part, a part's edge, the last member) a grad or param is not as the last step left it.
+"""FusedAdam's per-step grad checks and zero_grad's on a set of 1,200 members: the compiled checks must answer as
+their Python twins do, bump exactly the same versions, and step exactly as the per-tensor path, wherever in the
+set (the first member, the middle, the last) a grad or param is not as the last step left it; on one intra-op
+thread and on two, since the answers must not depend on torch's thread count (the scans once ran in parts on
+those threads, and the positions are that version's part edges).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from apexlite.optimizers import FusedAdam, _flat_grads
 from tests.optimizers.flat_helpers import HYPER, assert_same, grads_for, make_params, twins
 
-MEMBERS = 1_200  # two threads scan 600 each
+MEMBERS = 1_200
 SHAPES = [(2 + index % 3,) for index in range(MEMBERS)]
 POSITIONS = [0, 255, 599, 600, 601, MEMBERS - 1]
 
@@ -78,7 +79,7 @@ def _answer_and_bumps(check, params, *args):
 
 @pytest.mark.parametrize("at", POSITIONS)
 @pytest.mark.parametrize("change", [None, *CHANGES])
-def test_the_piece_check_in_parts_answers_as_its_python_twin(threads, change, at):
+def test_the_piece_check_answers_as_its_python_twin(threads, change, at):
     native = _native("flat_grads_in_place")
     apply, dtype, master_weights = CHANGES[change] if change else (None, torch.float32, False)
     params, _, flat_set, args = _built(dtype, master_weights)
@@ -164,7 +165,7 @@ def test_the_whole_check_of_a_set_of_fresh_grads_answers_as_its_python_twin(thre
 
 @pytest.mark.parametrize("at", [599, 600, MEMBERS - 1])
 @pytest.mark.parametrize("change", ["fresh grad", "missing grad", "moved param"])
-def test_steps_in_parts_match_the_per_tensor_path(threads, change, at):
+def test_steps_of_a_long_set_match_the_per_tensor_path(threads, change, at):
     """On apexlite's kernel (bit for bit against the per-tensor path), with the compiled checks."""
     _native("flat_grads")
     apply = CHANGES[change][0]
@@ -194,7 +195,7 @@ ZERO_GRAD_CHANGES = {None: _flat_grads.ZEROED, "fresh grad": _flat_grads.NOT_IN_
 
 @pytest.mark.parametrize("at", POSITIONS)
 @pytest.mark.parametrize("change", list(ZERO_GRAD_CHANGES))
-def test_zero_grad_of_kept_grads_in_parts_answers_as_its_python_twin(threads, change, at):
+def test_zero_grad_of_kept_grads_answers_as_its_python_twin(threads, change, at):
     """The same answer, grads, grad versions (each advanced once when zeroed, none otherwise) and params'
     versions (never touched) as the Python twin, on sets built and changed alike."""
     native = _native("flat_zero_grads")

@@ -78,11 +78,13 @@ def _free_port():
         return sock.getsockname()[1]
 
 
-def test_distributed_two_processes_gloo_stay_in_sync():
+@pytest.mark.parametrize("opt_level", ["O1", "O2"])  # O2: fp32 masters built per rank, then broadcast
+def test_distributed_two_processes_gloo_stay_in_sync(opt_level):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
     procs = [
         subprocess.Popen([sys.executable, "-m", "apexlite", "run", str(EXAMPLES / "distributed_amp.py"),
-                          "--steps", "5"], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), cwd=ROOT,
+                          "--steps", "5", "--opt-level", opt_level], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                         cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for r in range(2)
     ]

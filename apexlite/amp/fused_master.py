@@ -32,6 +32,7 @@ from apexlite.amp.plain_grads import PlainGrads, optimizer_params
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.checkpoint_convert import without_marker
 from apexlite.amp.master import LOW_PRECISION, MASTERS_KEY, check_saved_masters, copy_into
+from apexlite.amp.master_sync import MasterSync
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.optimizer_step import register_first_post_hook
 from apexlite.amp.scaler import LossScaler
@@ -61,6 +62,7 @@ class FusedMasterGrads:
         self._set_grad_scale = False
         self._own_leave_flag: Any = _ABSENT
         self.update_finished = False  # set by the step post-hook: this step's update is done
+        self.sync_from_model = MasterSync(self.master_pairs, type(optimizer).__name__)  # see master_sync.py
 
     def _half_params(self) -> List[torch.Tensor]:
         return [p for p in optimizer_params(self.optimizer) if p.dtype in LOW_PRECISION]
@@ -83,6 +85,7 @@ class FusedMasterGrads:
 
     # --- strategy interface used by AmpOptimizer ------------------------------------------------
     def prepare(self) -> None:
+        self.sync_from_model()
         if self._fp32_mode:
             for param in self._half_params():  # their sums so far live on the masters
                 param.grad = None
@@ -152,6 +155,7 @@ class FusedMasterGrads:
         self._stash = []
 
     def before_step(self) -> None:
+        self.sync_from_model()
         self.update_finished = False
         if not self._fp32_mode and self._grads_scale != 1.0:
             self.optimizer.grad_scale = self._grads_scale
@@ -218,6 +222,7 @@ class FusedMasterGrads:
 
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """The optimizer's own zero_grad, which also drops the masters' fp32 grads."""
+        self.sync_from_model()
         self._leave_fp32_mode()
         if set_to_none is None:
             self._zero_grad()
@@ -232,6 +237,7 @@ class FusedMasterGrads:
         if saved is not None:  # before anything is loaded (FusedAdam checks its per-param state itself)
             check_saved_masters(saved, halves)
         self._load_state_dict(state_dict)
+        self.sync_from_model.done = True  # the masters come from the checkpoint (or FusedAdam's own state)
         if saved is None:
             return
         with torch.no_grad():

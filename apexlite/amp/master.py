@@ -33,6 +33,7 @@ from apexlite.amp.plain_grads import PlainGrads, optimizer_params
 from apexlite.amp.checkpoint_convert import MASTERS_KEY, mark_masters, without_marker
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.errors import AmpUsageError
+from apexlite.amp.master_sync import MasterSync
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.optimizer_step import register_first_post_hook
 from apexlite.amp.scaler import LossScaler
@@ -91,6 +92,7 @@ class MasterParams:
                      "amp.initialize", self.restored, type(optimizer).__name__)
             self.copy_masters_to_model()
         self._fp32_grads = PlainGrads(optimizer, params_fn=self._fp32_params)
+        self.sync_from_model = MasterSync(self.master_pairs, type(optimizer).__name__)  # see master_sync.py
 
     # --- construction -------------------------------------------------------------------------
     def _make_master(self, param: torch.Tensor) -> torch.Tensor:
@@ -124,6 +126,7 @@ class MasterParams:
 
     # --- strategy interface used by AmpOptimizer ------------------------------------------------
     def prepare(self) -> None:
+        self.sync_from_model()
         for param in self.model_params:
             param.grad = None
         self._fp32_grads.prepare()
@@ -156,6 +159,7 @@ class MasterParams:
         return list(zip(self.model_params, self.masters))
 
     def before_step(self) -> None:
+        self.sync_from_model()
         self.update_finished = False
         self._model_follows = False
 
@@ -201,6 +205,7 @@ class MasterParams:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear master grads and the model params' grads (apex cleared only the masters' view)."""
+        self.sync_from_model()
         self._zero_grad(set_to_none=set_to_none)
         for param in self.model_params:
             if param.grad is None:
@@ -214,6 +219,7 @@ class MasterParams:
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         if not isinstance(param_group, dict):
             raise TypeError(f"param group must be a dict, got {type(param_group).__name__}")
+        self.sync_from_model()
         params = param_group["params"]
         if isinstance(params, torch.Tensor):
             params = [params]
@@ -232,6 +238,7 @@ class MasterParams:
         self._add_param_group(group)
 
     def state_dict(self) -> Dict[str, Any]:
+        self.sync_from_model()
         state = self._state_dict()
         copies = {id(master): master.detach().clone() for master in self.masters}
         state[MASTERS_KEY] = [copies[id(master)] for master in self.masters]
@@ -248,6 +255,7 @@ class MasterParams:
         if saved is not None:
             check_saved_masters(saved, self.masters)
         self._load_state_dict(state_dict)
+        self.sync_from_model.done = True  # the masters come from the checkpoint or, below, the model
         if saved is None:
             # A checkpoint without masters (e.g. written by apex): rebuild them from the model weights.
             with torch.no_grad():

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from apexlite import amp
+from apexlite.compat.apex.parallel.distributed import DistributedDataParallel as ApexDDP
 from apexlite.parallel import DistributedDataParallel, sync_overflow
 
 GLOBAL_BATCH = 8
@@ -76,16 +77,18 @@ def ddp_opt_levels(rank: int, world: int, levels: List[str]) -> Dict[str, Dict[s
             train_step(ddp, optimizer, *shard(batch, rank, world))
         out[level] = fp32_params(ddp)
         amp.deinitialize()
-    # O2 masters are built per rank inside amp.initialize; apexlite's DDP broadcasts rank 0's
-    model = tiny_model(seed=rank)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", **AMP_KWARGS)
-    ddp = DistributedDataParallel(model)
-    for batch in batches():
-        train_step(ddp, optimizer, *shard(batch, rank, world))
-    out["O2-rank-seeded"] = fp32_params(ddp)
-    out["O2-rank-seeded-masters"] = [p.detach().clone() for p in amp.master_params(optimizer)]
-    amp.deinitialize()
+    # O2 masters are built per rank inside amp.initialize; apexlite's DDP and the DDP of apex's import
+    # surface (what legacy scripts construct) broadcast rank 0's
+    for label, wrapper in (("O2-rank-seeded", DistributedDataParallel), ("O2-rank-seeded-apex-ddp", ApexDDP)):
+        model = tiny_model(seed=rank)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model, optimizer = amp.initialize(model, optimizer, opt_level="O2", **AMP_KWARGS)
+        ddp = wrapper(model)
+        for batch in batches():
+            train_step(ddp, optimizer, *shard(batch, rank, world))
+        out[label] = fp32_params(ddp)
+        out[f"{label}-masters"] = [p.detach().clone() for p in amp.master_params(optimizer)]
+        amp.deinitialize()
     return out
 
 

@@ -30,11 +30,13 @@ def test_ddp_opt_levels_match_single_process_and_agree_across_ranks():
         _assert_equal_dicts(ranks[0][level], ranks[1][level])
         reference = _workers.single_process_run(level)
         _assert_close_dicts(ranks[0][level], reference, **LEVEL_TOLS[level])
-    # different init per rank: after apexlite's DDP, both the model and the fp32 masters are rank 0's
-    _assert_equal_dicts(ranks[0]["O2-rank-seeded"], ranks[1]["O2-rank-seeded"])
-    for m0, m1 in zip(ranks[0]["O2-rank-seeded-masters"], ranks[1]["O2-rank-seeded-masters"]):
-        assert torch.equal(m0, m1)
-    _assert_close_dicts(ranks[0]["O2-rank-seeded"], ranks[0]["O2"], **LEVEL_TOLS["O2"])
+    # different init per rank: after apexlite's DDP or apex's (the import surface's), both the model and the
+    # fp32 masters are rank 0's
+    for label in ("O2-rank-seeded", "O2-rank-seeded-apex-ddp"):
+        _assert_equal_dicts(ranks[0][label], ranks[1][label])
+        for m0, m1 in zip(ranks[0][f"{label}-masters"], ranks[1][f"{label}-masters"]):
+            assert torch.equal(m0, m1), label
+        _assert_close_dicts(ranks[0][label], ranks[0]["O2"], **LEVEL_TOLS["O2"])
 
 
 def test_one_rank_overflow_skips_on_every_rank():

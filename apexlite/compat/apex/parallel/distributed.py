@@ -20,6 +20,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from apexlite._logging import get_logger
 from apexlite.compat import generic
+from apexlite.parallel.ddp import broadcast_master_params
 
 log = get_logger("compat.parallel")
 
@@ -162,6 +163,8 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         device_ids = [first.device.index] if first is not None and first.is_cuda else None
         element_size = first.element_size() if first is not None else 4
         super().__init__(module, device_ids=device_ids, bucket_cap_mb=message_size * element_size / 2 ** 20)
+        # DDP broadcast rank 0's weights; amp.initialize built O2's fp32 masters before, from each rank's own
+        broadcast_master_params(module, self.process_group)
         if not gradient_average or gradient_predivide_factor != 1.0 or allreduce_always_fp32:
             self.register_comm_hook(None, _average_hook(gradient_average, gradient_predivide_factor,
                                                        allreduce_always_fp32))
@@ -188,6 +191,7 @@ class Reducer:
             with torch.no_grad():
                 for param in self.module.parameters():
                     dist.broadcast(param.data, 0)
+            broadcast_master_params(self.module)
             self.grads: List[torch.Tensor] = []
         else:
             self.module = None

@@ -1,0 +1,109 @@
+"""O2's fp32 masters pick up model weights written between amp.initialize and the first use (master_sync.py).
+
+apex built its masters from the low-precision model weights at the first backward, zero_grad or
+add_param_group, so weights loaded into the model after `initialize` (fine-tuning from weights alone) or
+broadcast into it (DDP) were what it trained. apexlite builds masters in `initialize`; these tests hold
+it to apex's documented result on both O2 paths (separate masters with a torch optimizer, FusedAdam's
+fused masters): a written param's master is that param, upcast; an untouched param keeps the exact fp32
+weight it started from.
+"""
+import pytest
+import torch
+
+from apexlite import amp
+from apexlite.optimizers import FusedAdam
+
+LOW = [torch.float16, torch.bfloat16]
+# optimizer name -> a maker; lr 0 so a step changes no weight and only the masters' origin shows
+OPTIMIZERS = {
+    "SGD, separate masters": lambda params: torch.optim.SGD(params, lr=0.0),
+    "FusedAdam, fused masters": lambda params: FusedAdam(params, lr=0.0),
+}
+
+
+@pytest.fixture(autouse=True)
+def _teardown():
+    yield
+    amp.deinitialize()
+
+
+def _set_up(make, low):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2))
+    originals = [p.detach().clone() for p in model.parameters()]
+    model, optimizer = amp.initialize(model, make(model.parameters()), opt_level="O2", dtype=low,
+                                      loss_scale=1.0, verbosity=0)
+    return model, optimizer, originals
+
+
+def _backward_and_step(model, optimizer, low):
+    loss = model(torch.randn(3, 5, dtype=low)).float().square().mean()
+    with amp.scale_loss(loss, optimizer) as scaled:
+        scaled.backward()
+    optimizer.step()
+
+
+def _loaded_weights(model, seed=1):
+    """fp32 weights for `model.load_state_dict`, as a checkpoint of the fp32 model holds them."""
+    gen = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(value.shape, generator=gen) for name, value in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("low", LOW, ids=str)
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_weights_loaded_after_initialize_are_trained_not_reverted(name, low):
+    model, optimizer, _ = _set_up(OPTIMIZERS[name], low)
+    loaded = _loaded_weights(model)
+    model.load_state_dict(loaded)
+    _backward_and_step(model, optimizer, low)
+    for param, value in zip(model.parameters(), loaded.values()):
+        assert torch.equal(param, value.to(low))  # what load_state_dict wrote into the low-precision model
+    for master, param in zip(amp.master_params(optimizer), model.parameters()):
+        assert master.dtype == torch.float32 and torch.equal(master, param.float())
+
+
+@pytest.mark.parametrize("low", LOW, ids=str)
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_only_written_params_get_new_masters_the_others_keep_fp32(name, low):
+    model, optimizer, originals = _set_up(OPTIMIZERS[name], low)
+    first = next(model.parameters())
+    with torch.no_grad():
+        first.fill_(0.25)  # as a broadcast writes the model in place
+    _backward_and_step(model, optimizer, low)
+    masters = list(amp.master_params(optimizer))
+    assert torch.equal(masters[0], torch.full_like(masters[0], 0.25))
+    for master, original in zip(masters[1:], originals[1:]):
+        assert torch.equal(master, original)  # not rounded through the low dtype
+    assert any(not torch.equal(o, o.to(low).float()) for o in originals[1:])  # rounding would have shown
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_zero_grad_is_a_first_use_too(name):
+    model, optimizer, _ = _set_up(OPTIMIZERS[name], torch.bfloat16)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.fill_(-1.5)
+    optimizer.zero_grad()
+    assert all(torch.equal(m, torch.full_like(m, -1.5)) for m in amp.master_params(optimizer))
+
+
+def test_a_checkpoint_saved_before_the_first_step_holds_the_loaded_weights():
+    model, optimizer, _ = _set_up(OPTIMIZERS["SGD, separate masters"], torch.float16)
+    loaded = _loaded_weights(model)
+    model.load_state_dict(loaded)
+    state = optimizer.state_dict()
+    amp.deinitialize()
+    restored_model, restored_optimizer, _ = _set_up(OPTIMIZERS["SGD, separate masters"], torch.float16)
+    restored_optimizer.load_state_dict(state)
+    for param, value in zip(restored_model.parameters(), loaded.values()):
+        assert torch.equal(param, value.to(torch.float16))
+
+
+def test_weights_written_after_the_first_step_are_overwritten_by_the_masters_as_in_apex():
+    """Once the masters exist (apex: after lazy init), they are the truth: the next step copies them back."""
+    model, optimizer, originals = _set_up(OPTIMIZERS["SGD, separate masters"], torch.bfloat16)
+    _backward_and_step(model, optimizer, torch.bfloat16)
+    with torch.no_grad():
+        next(model.parameters()).fill_(3.0)
+    _backward_and_step(model, optimizer, torch.bfloat16)
+    assert torch.equal(next(model.parameters()), originals[0].to(torch.bfloat16))

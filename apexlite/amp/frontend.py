@@ -23,6 +23,7 @@ from apexlite.amp.environment import apply_environment, loss_scale_from_environm
 from apexlite.amp.opt_levels import Properties, banner, resolve_properties
 from apexlite.amp.o1.registry import PendingRegistrations
 from apexlite.amp.scaler import parse_scaler_state
+from apexlite.amp.telemetry import check_report_path
 from apexlite.amp.session import (
     DEFAULT_MAX_NONFINITE_LOSSES, AmpSession, ForwardScopeEnd, ForwardScopeStart, SessionOptions, current_session, log,
 )
@@ -51,6 +52,7 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
     """
     opt_level, low_dtype = apply_environment(opt_level, dtype)
     loss_scale = loss_scale_from_environment(loss_scale)
+    check_report_path()
     checks.check_scalar_arguments(num_losses, verbosity, min_loss_scale, max_loss_scale)
     checks.check_max_nonfinite_losses(max_nonfinite_losses)
     existing = current_session(required=False)

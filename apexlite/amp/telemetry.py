@@ -277,6 +277,25 @@ def telemetry_requested() -> bool:
     return bool(os.environ.get(TELEMETRY_ENV))
 
 
+def check_report_path() -> None:
+    """$APEXLITE_TELEMETRY, if set, must be writable: the report is written beside it (a .partial file) and
+    moved onto it. `initialize` checks it first, so a bad path is refused before anything changes rather than
+    failing inside a training step."""
+    path = os.environ.get(TELEMETRY_ENV)
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        problem = "is a folder; name a file in it"
+    elif not os.path.isdir(folder):
+        problem = f"is in a folder that does not exist ({folder})"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        problem = f"is in a folder this process may not write ({folder})"
+    else:
+        return
+    raise AmpConfigError(f"{TELEMETRY_ENV}={path!r} {problem}. Unset it or fix it.")
+
+
 class _TelemetryWriter:
     """Writes the most recent session's report to $APEXLITE_TELEMETRY at exit and on SIGTERM."""
 

@@ -13,6 +13,7 @@ import torch
 from apexlite import amp
 from apexlite.amp.bounded_samples import DownsampledCurve, Reservoir
 from apexlite.amp.errors import AmpConfigError
+from apexlite.amp.session import current_session
 from apexlite.amp.telemetry import (
     MAX_STEPS_ENV, NONFINITE_GRACE_STEPS, TELEMETRY_ENV, WARMUP_ENV, RunStats, StepBudgetReached,
 )
@@ -147,6 +148,31 @@ def test_bad_environment_values_are_refused_with_the_fix(monkeypatch, name, valu
     monkeypatch.setenv(name, value)
     with pytest.raises(AmpConfigError, match=f"{name} must be a whole number"):
         RunStats()
+
+
+# path -> what the refusal says (tmp_path substituted for {tmp})
+BAD_REPORT_PATHS = {
+    "{tmp}": "is a folder; name a file in it",
+    "{tmp}/missing/report.json": "is in a folder that does not exist",
+}
+
+
+@pytest.mark.parametrize("path", list(BAD_REPORT_PATHS))
+def test_a_report_path_that_cannot_be_written_is_refused_at_initialize(monkeypatch, tmp_path, path):
+    """Before anything changes (the write used to fail inside a training step, FileNotFoundError from the first
+    flush, with O1's patches in place)."""
+    monkeypatch.setenv(TELEMETRY_ENV, path.format(tmp=tmp_path))
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    linear = torch.nn.functional.linear
+    try:
+        with pytest.raises(AmpConfigError, match=f"{TELEMETRY_ENV}=.* {BAD_REPORT_PATHS[path]}.*Unset it or fix it"):
+            amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
+        assert current_session(required=False) is None
+        assert torch.nn.functional.linear is linear and "step" not in vars(optimizer)
+    finally:
+        amp.deinitialize()
+    assert list(tmp_path.iterdir()) == []  # no .partial file left behind
 
 
 # --- tensor memory -----------------------------------------------------------------------------

@@ -98,8 +98,10 @@ def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             parser.error(f"--loss-scale must be 'dynamic' or a finite number > 0, got {args.loss_scale!r}")
     if args.max_steps < 1:
         parser.error(f"--max-steps must be >= 1, got {args.max_steps}")
-    if args.tolerance < 0:
-        parser.error(f"--tolerance must be >= 0, got {args.tolerance}")
+    if not 0 <= args.tolerance < float("inf"):
+        parser.error(f"--tolerance must be a finite number >= 0, got {args.tolerance}")
+    if not 0 < args.timeout < float("inf"):
+        parser.error(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
 
 
 def parse_arguments(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:

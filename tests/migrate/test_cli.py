@@ -104,6 +104,11 @@ def _write(path, data):
     (["--loss-scale", "-3"], b"--loss-scale must be"),
     (["--opt-level", "01"], b"invalid choice"),
     (["--max-steps", "0", "--verify"], b"--max-steps must be >= 1"),
+    (["--tolerance", "-1", "--verify"], b"--tolerance must be a finite number >= 0"),
+    (["--tolerance", "nan", "--verify"], b"--tolerance must be a finite number >= 0"),
+    (["--timeout", "0", "--verify"], b"--timeout must be a finite number of seconds > 0"),
+    (["--timeout", "-1", "--verify"], b"--timeout must be a finite number of seconds > 0"),
+    (["--timeout", "nan", "--verify"], b"--timeout must be a finite number of seconds > 0"),
     (["--", "--epochs", "1"], b"add --verify"),
     (["-o", "x.py", "--diff"], b"not allowed with"),
 ])

@@ -49,6 +49,11 @@ def truthy(value: Optional[str]) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def extension_disabled() -> bool:
+    """APEXLITE_DISABLE_EXTENSION is on (read like the install switches: "1", "true", "yes", "on")."""
+    return truthy(os.environ.get(DISABLE_ENV))
+
+
 def cpu_sources(csrc: Path) -> List[Path]:
     """csrc/torch/*.cpp except the CUDA bindings (*_cuda.cpp): the CPU library. A new op needs no edit here."""
     return sorted(p for p in (csrc / "torch").glob("*.cpp") if not p.name.endswith("_cuda.cpp"))

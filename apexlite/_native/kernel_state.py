@@ -129,8 +129,8 @@ def _cached_or_buildable(kind: str, csrc: Path, why: str, retry: bool) -> Findin
 def find_cpu(retry: bool = False) -> Finding:
     """The CPU library's state; loads the installed apexlite._C (to know it works), never compiles.
     `retry`: a build that failed at install counts as buildable."""
-    if os.environ.get(DISABLE_ENV, "") == "1":
-        return Finding("disabled", f"{DISABLE_ENV}=1 is set")
+    if plan.extension_disabled():
+        return Finding("disabled", f"{DISABLE_ENV}={os.environ[DISABLE_ENV]} is set")
     module, why = installed_module()
     if module is not None:
         if has_kernel("CPU"):

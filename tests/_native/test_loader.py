@@ -183,9 +183,16 @@ def test_nothing_is_compiled_where_it_cannot_be(machine, monkeypatch, caplog, fa
     assert machine.builds == [] and _messages(caplog) == [] and state.find_cpu().state == "incompatible"
 
 
-def test_disabled_compiles_and_loads_nothing(machine, monkeypatch):
-    monkeypatch.setenv(loader.DISABLE_ENV, "1")
+@pytest.mark.parametrize("value", ["1", "true", "YES", "on"])  # read like the install switches
+def test_disabled_compiles_and_loads_nothing(machine, monkeypatch, value):
+    monkeypatch.setenv(loader.DISABLE_ENV, value)
     assert loader.status().source == "disabled" and loader.native_module() is None and machine.builds == []
+
+
+@pytest.mark.parametrize("value", ["0", "false", ""])
+def test_an_off_value_leaves_the_library_on(machine, monkeypatch, value):
+    monkeypatch.setenv(loader.DISABLE_ENV, value)
+    assert state.find_cpu().state != "disabled"
 
 
 def test_kernel_sources_of_a_checkout_and_of_a_wheel(monkeypatch, tmp_path):

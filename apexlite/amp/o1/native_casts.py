@@ -16,6 +16,7 @@ import torch
 
 from apexlite._logging import get_logger
 from apexlite._native import loader
+from apexlite._native.build_plan import extension_disabled
 from apexlite.amp.o1.cache import CastCache
 from apexlite.amp.o1.cast_state import CastState, CastSwitches
 from apexlite.amp.o1.policies import CastPolicy
@@ -38,8 +39,8 @@ def _native_module() -> Optional[Any]:
 
 def status() -> str:
     """'native' or 'python (reason)': the path a new session's O1 wrappers take."""
-    if os.environ.get(DISABLE_ENV, "") == "1":
-        return f"python ({DISABLE_ENV}=1)"
+    if extension_disabled():
+        return f"python ({DISABLE_ENV}={os.environ[DISABLE_ENV]})"
     if _native_module() is None:
         return f"python (apexlite's compiled casts are not available: {loader.status().detail})"
     return "native"

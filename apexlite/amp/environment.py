@@ -38,19 +38,26 @@ def parse_dtype(value: Any, source: str = "dtype") -> torch.dtype:
     )
 
 
-def apply_environment(opt_level: Any, dtype: Any) -> Tuple[Any, torch.dtype]:
-    """APEXLITE_OPT_LEVEL / APEXLITE_DTYPE let unchanged scripts switch level or dtype."""
+def apply_environment(opt_level: Any, dtype: Any, enabled: bool = True) -> Tuple[Any, torch.dtype]:
+    """APEXLITE_OPT_LEVEL / APEXLITE_DTYPE let unchanged scripts switch level or dtype. A call with
+    enabled=False turns amp off whatever they say: logged as such, not as an override."""
     env_level = os.environ.get(OPT_LEVEL_ENV)
+    env_dtype = os.environ.get(DTYPE_ENV)
+    if env_level and env_level not in OPT_LEVELS:
+        raise AmpConfigError(f"{OPT_LEVEL_ENV}: " + unknown_opt_level_message(env_level))
+    if not enabled and (env_level or env_dtype):
+        set_names = " and ".join(f"{name}={value}" for name, value in ((OPT_LEVEL_ENV, env_level), (DTYPE_ENV, env_dtype))
+                                 if value)
+        log.info("%s ignored: the script called amp.initialize(..., enabled=False), so amp is off "
+                 "(the script's own switch turns it on)", set_names)
     if env_level:
-        if env_level not in OPT_LEVELS:
-            raise AmpConfigError(f"{OPT_LEVEL_ENV}: " + unknown_opt_level_message(env_level))
-        if env_level != opt_level:
+        if env_level != opt_level and enabled:
             log.info("%s=%s overrides opt_level=%r", OPT_LEVEL_ENV, env_level, opt_level)
         opt_level = env_level
-    env_dtype = os.environ.get(DTYPE_ENV)
     if env_dtype:
         parsed = parse_dtype(env_dtype, DTYPE_ENV)
-        log.info("%s=%s selects the low-precision dtype %s", DTYPE_ENV, env_dtype, parsed)
+        if enabled:
+            log.info("%s=%s selects the low-precision dtype %s", DTYPE_ENV, env_dtype, parsed)
         return opt_level, parsed
     return opt_level, parse_dtype(torch.float16 if dtype is None else dtype)
 

@@ -50,7 +50,7 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
     iterations (0: never). May be called again (see NOTE in session.py): the latest call's options
     apply and earlier models and optimizers keep working. All-or-nothing: a failed call changes nothing.
     """
-    opt_level, low_dtype = apply_environment(opt_level, dtype)
+    opt_level, low_dtype = apply_environment(opt_level, dtype, bool(enabled))
     loss_scale = loss_scale_from_environment(loss_scale)
     check_report_path()
     checks.check_scalar_arguments(num_losses, verbosity, min_loss_scale, max_loss_scale)
@@ -89,6 +89,7 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
             session.close()
         raise
     session.own_weights(new_models, new_optimizers)
+    session.stats.amp_enabled = bool(enabled)
     session.publish()
     if enabled:
         warn_known_traps(properties, new_optimizers, low_dtype, new_models)

@@ -97,6 +97,7 @@ class RunStats:
         self.last_loss: Optional[torch.Tensor] = None
         self.opt_level: Optional[str] = None
         self.dtype: Optional[str] = None
+        self.amp_enabled = True  # the latest amp.initialize call's `enabled`
         self.loss_scale: Optional[float] = None
         # samples, bounded however long the run is
         self.step_times = Reservoir()
@@ -230,6 +231,7 @@ class RunStats:
         return {
             "opt_level": self.opt_level,
             "dtype": self.dtype,
+            "amp_enabled": self.amp_enabled,
             "device": torch.cuda.get_device_name() if cuda_in_use() else "cpu",
             "torch_threads": torch.get_num_threads(),
             "steps": self.total_steps,

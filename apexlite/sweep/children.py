@@ -163,6 +163,12 @@ class PacedChild:
                                   "wall_time_s": round(self.running_s, 3), "telemetry": telemetry}
         if self.status == OK and telemetry is None:
             record.update(status=FAILED, error="the script never called amp.initialize, so nothing was measured")
+        elif self.status == OK and not telemetry.get("steps"):
+            why = ("it called amp.initialize(..., enabled=False), so amp was off: pass the script's own switch that "
+                   "turns amp on after `--`" if telemetry.get("amp_enabled") is False
+                   else "no step() of an optimizer amp manages ran")
+            record.update(status=FAILED, error=f"the script ended without one amp optimizer step ({why}), so nothing "
+                                               "was measured")
         return record
 
     def discard(self) -> None:

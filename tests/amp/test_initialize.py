@@ -148,6 +148,18 @@ def test_environment_overrides_level_and_dtype(monkeypatch, caplog):
     assert "APEXLITE_OPT_LEVEL=O2" in caplog.text
 
 
+def test_environment_level_and_dtype_are_said_to_be_ignored_when_the_script_disables_amp(monkeypatch, caplog):
+    monkeypatch.setenv("APEXLITE_OPT_LEVEL", "O3")
+    monkeypatch.setenv("APEXLITE_DTYPE", "bfloat16")
+    model, opt = model_opt()
+    with caplog.at_level(logging.INFO, logger="apexlite"):
+        amp.initialize(model, opt, opt_level="O1", enabled=False, verbosity=0)
+    assert model[0].weight.dtype is torch.float32 and model.eval()(torch.randn(2, 3)).dtype is torch.float32
+    assert "APEXLITE_OPT_LEVEL=O3 and APEXLITE_DTYPE=bfloat16 ignored: the script called " \
+           "amp.initialize(..., enabled=False)" in caplog.text
+    assert "overrides" not in caplog.text and "selects" not in caplog.text
+
+
 def test_environment_forces_a_static_loss_scale_for_every_loss(monkeypatch, caplog):
     """APEXLITE_LOSS_SCALE replaces the script's loss_scale (migrate --verify's static-scale runs use it); a
     static scaler keeps its scale through an overflow and still skips that step."""

@@ -121,3 +121,36 @@ def test_long_legacy_example_under_a_budget_with_a_plot(tmp_path):
     table = result.stdout[result.stdout.index("level  dtype"):].splitlines()
     assert [line.split()[:4] for line in table[2:4]] == [["O0", "float32", "ok", "6"], ["O2", "bfloat16", "ok", "6"]]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# amp.initialize(..., enabled=use_amp), the usual `--fp16` switch, left off
+AMP_SWITCHED_OFF = textwrap.dedent("""
+    import sys
+    import torch
+    from apex import amp
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level="O1", enabled="--amp" in sys.argv, verbosity=0)
+    for _ in range(12):
+        loss = model(torch.randn(8, 8)).square().mean()
+        opt.zero_grad()
+        with amp.scale_loss(loss, opt) as scaled:
+            scaled.backward()
+        opt.step()
+""")
+
+
+def test_a_script_that_leaves_amp_off_fails_every_run_saying_how_to_turn_it_on(tmp_path):
+    path, out = tmp_path / "switch.py", tmp_path / "runs.json"
+    path.write_text(AMP_SWITCHED_OFF)
+    result = sweep(str(path), "--opt-levels", "O0,O1", "--dtypes", "bf16", "--max-steps", "6", "--json", str(out))
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = json.loads(out.read_text())["runs"]
+    assert [row["status"] for row in rows] == ["failed", "failed"]
+    assert all("enabled=False), so amp was off: pass the script's own switch" in row["error"] for row in rows)
+    turned_on = sweep(str(path), "--opt-levels", "O0,O1", "--dtypes", "bf16", "--max-steps", "6", "--json", str(out),
+                      "--", "--amp")
+    assert turned_on.returncode == 0, turned_on.stdout + turned_on.stderr
+    assert [row["status"] for row in json.loads(out.read_text())["runs"]] == ["ok", "ok"]

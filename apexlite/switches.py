@@ -23,7 +23,8 @@ class Switch:
 
 SWITCHES: Tuple[Switch, ...] = (
     Switch("APEXLITE_OPT_LEVEL", "O0|O1|O2|O3", "overrides the opt level the script passes to amp.initialize "
-           "(logged when it applies)", "run time"),
+           "(logged when it applies); the script's options that level refuses (keep_batchnorm_fp32 at O1, say) "
+           "are left out, logged", "run time"),
     Switch("APEXLITE_DTYPE", "float16|bfloat16", "the low-precision dtype of every opt level, overriding the "
            "script's (logged when it applies)", "run time"),
     Switch("APEXLITE_LOSS_SCALE", "N|dynamic", "replaces the script's loss scale for every loss", "run time"),

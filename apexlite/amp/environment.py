@@ -7,13 +7,13 @@ imports nothing of the frontend or the handle, which both read it.
 from __future__ import annotations
 
 import os
-from typing import Any, Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 
 from apexlite._logging import get_logger
 from apexlite.amp.errors import AmpConfigError
-from apexlite.amp.opt_levels import LOW_PRECISION_DTYPES, OPT_LEVELS, unknown_opt_level_message
+from apexlite.amp.opt_levels import LOW_PRECISION_DTYPES, OPT_LEVELS, applies_at, unknown_opt_level_message
 
 log = get_logger("amp")
 
@@ -60,6 +60,19 @@ def apply_environment(opt_level: Any, dtype: Any, enabled: bool = True) -> Tuple
             log.info("%s=%s selects the low-precision dtype %s", DTYPE_ENV, env_dtype, parsed)
         return opt_level, parsed
     return opt_level, parse_dtype(torch.float16 if dtype is None else dtype)
+
+
+def fit_overrides_to_level(overrides: Dict[str, Any], level: str, script_level: Any) -> Dict[str, Any]:
+    """The script's options without those APEXLITE_OPT_LEVEL's level refuses (keep_batchnorm_fp32=True written
+    for O2, run at O1: apex would refuse the pair, but the script never asked for it), each left out with a log
+    line; the others unchanged."""
+    kept = dict(overrides)
+    for name, value in overrides.items():
+        if not applies_at(name, value, level):
+            log.info("%s=%s: the script's %s=%r (written for opt_level=%r) does not apply at %s and is left out",
+                     OPT_LEVEL_ENV, level, name, value, script_level, level)
+            kept[name] = None
+    return kept
 
 
 def loss_scale_from_environment(loss_scale: Any) -> Any:

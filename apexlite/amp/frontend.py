@@ -19,7 +19,7 @@ from apexlite.amp.legacy_state import legacy_flags
 from apexlite.amp.master import MasterParams
 from apexlite.amp.model_cast import cast_model, install_forward_scope, install_io_casts
 from apexlite.amp.o1.patches import set_o1_patches
-from apexlite.amp.environment import apply_environment, loss_scale_from_environment
+from apexlite.amp.environment import apply_environment, fit_overrides_to_level, loss_scale_from_environment
 from apexlite.amp.opt_levels import Properties, banner, resolve_properties
 from apexlite.amp.o1.registry import PendingRegistrations
 from apexlite.amp.scaler import parse_scaler_state
@@ -50,6 +50,7 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
     iterations (0: never). May be called again (see NOTE in session.py): the latest call's options
     apply and earlier models and optimizers keep working. All-or-nothing: a failed call changes nothing.
     """
+    script_level = opt_level
     opt_level, low_dtype = apply_environment(opt_level, dtype, bool(enabled))
     loss_scale = loss_scale_from_environment(loss_scale)
     check_report_path()
@@ -64,6 +65,8 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
         overrides = dict(cast_model_type=cast_model_type, patch_torch_functions=patch_torch_functions,
                          keep_batchnorm_fp32=keep_batchnorm_fp32, master_weights=master_weights,
                          loss_scale=loss_scale)
+        if opt_level != script_level:
+            overrides = fit_overrides_to_level(overrides, opt_level, script_level)
         defaults = resolve_properties(opt_level, low_dtype, {})
         properties = resolve_properties(opt_level, low_dtype, overrides)
         _validate(properties, opt_level, model_list, optimizer_list, min_loss_scale, max_loss_scale, existing)

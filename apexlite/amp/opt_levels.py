@@ -136,13 +136,28 @@ def _check_cast_model_type(props: Properties, value: Any) -> Any:
         raise AmpConfigError(
             f"cast_model_type must be a floating torch.dtype, None or False; got {value!r}."
         )
-    if props.opt_level == "O1" and value is not torch.float32:
+    if not applies_at("cast_model_type", value, props.opt_level):
         raise AmpConfigError(
             "cast_model_type must stay None with opt_level='O1': O1 casts around torch functions and "
             "keeps the model weights in fp32. To cast the model itself, use opt_level='O2' or 'O3'. "
             f"cast_model_type was {value}"
         )
     return value
+
+
+def applies_at(name: str, value: Any, opt_level: str) -> bool:
+    """Whether `initialize` takes option `name` set to `value` at `opt_level` (O1 keeps an fp32 model: no
+    model cast, batchnorm or master options; only O1 patches torch functions). The value's own form is
+    checked in resolve_properties."""
+    if value is None:
+        return True
+    if name in ("keep_batchnorm_fp32", "master_weights"):
+        return opt_level != "O1"
+    if name == "cast_model_type":
+        return opt_level != "O1" or value is False or value is torch.float32
+    if name == "patch_torch_functions":
+        return opt_level == "O1" or not value
+    return True
 
 
 def resolve_properties(opt_level: str, dtype: torch.dtype, overrides: Dict[str, Any]) -> Properties:
@@ -158,7 +173,7 @@ def resolve_properties(opt_level: str, dtype: torch.dtype, overrides: Dict[str, 
         if name == "cast_model_type":
             value = _check_cast_model_type(props, value)
         elif name == "patch_torch_functions":
-            if value and props.opt_level != "O1":
+            if not applies_at(name, value, props.opt_level):
                 raise AmpConfigError(
                     "patch_torch_functions=True is only valid with opt_level='O1' "
                     f"(opt_level is {props.opt_level}); select O1 instead of overriding it."
@@ -166,14 +181,14 @@ def resolve_properties(opt_level: str, dtype: torch.dtype, overrides: Dict[str, 
             value = bool(value)
         elif name == "keep_batchnorm_fp32":
             value = _parse_bool_option(name, value)
-            if props.opt_level == "O1":
+            if not applies_at(name, value, props.opt_level):
                 raise AmpConfigError(
                     "keep_batchnorm_fp32 must stay None with opt_level='O1': O1 already runs batchnorm "
                     f"in fp32. keep_batchnorm_fp32 was {value}"
                 )
         elif name == "master_weights":
             value = _parse_bool_option(name, value)
-            if props.opt_level == "O1":
+            if not applies_at(name, value, props.opt_level):
                 raise AmpConfigError(
                     "master_weights must stay None with opt_level='O1': O1 keeps the model weights in "
                     "fp32, so they are already the master weights."

@@ -160,6 +160,30 @@ def test_environment_level_and_dtype_are_said_to_be_ignored_when_the_script_disa
     assert "overrides" not in caplog.text and "selects" not in caplog.text
 
 
+# (the script's level, its options, the level APEXLITE_OPT_LEVEL asks for): options that level refuses
+LEVEL_BOUND_OPTIONS = [
+    ("O2", dict(keep_batchnorm_fp32=True), "O1"),
+    ("O2", dict(master_weights=True, cast_model_type=torch.float16), "O1"),
+    ("O1", dict(patch_torch_functions=True), "O2"),
+]
+
+
+@pytest.mark.parametrize("script_level,options,env_level", LEVEL_BOUND_OPTIONS)
+def test_the_environment_level_leaves_out_options_written_for_the_scripts_own(monkeypatch, caplog, script_level,
+                                                                               options, env_level):
+    """A sweep runs an O2 script at O1: its O2-only options cannot apply there and are left out, saying so; the
+    same options passed with that level by the script itself are still refused, as apex refused them."""
+    model, opt = model_opt()
+    with pytest.raises(AmpConfigError):
+        amp.initialize(model, opt, opt_level=env_level, verbosity=0, **options)
+    monkeypatch.setenv("APEXLITE_OPT_LEVEL", env_level)
+    with caplog.at_level(logging.INFO, logger="apexlite"):
+        amp.initialize(model, opt, opt_level=script_level, verbosity=0, **options)
+    assert current_session().properties.opt_level == env_level
+    for name in options:
+        assert f"the script's {name}=" in caplog.text and f"does not apply at {env_level} and is left out" in caplog.text
+
+
 def test_environment_forces_a_static_loss_scale_for_every_loss(monkeypatch, caplog):
     """APEXLITE_LOSS_SCALE replaces the script's loss_scale (migrate --verify's static-scale runs use it); a
     static scaler keeps its scale through an overflow and still skips that step."""

@@ -102,6 +102,8 @@ def _main_one(path: str, as_json: bool) -> int:
     program, rows, status, error = _check_one(path)
     if error is not None:
         sys.stderr.write(f"apexlite check: {error}\n")
+        if as_json:  # the same entry a folder's report gives a refused file
+            print(json.dumps({"script": path, "error": error, "exit_status": status}, indent=2))
         return status
     if as_json:
         print(json.dumps(report(path, rows, program), indent=2))

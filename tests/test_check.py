@@ -137,6 +137,18 @@ def test_files_only_the_compiler_refuses_are_refused(tmp_path, capsys, source, m
     assert message in _one_line_error(capsys)
 
 
+def test_a_refused_file_alone_gets_the_json_entry_a_folder_gives_it(tmp_path, capsys):
+    path = tmp_path / "broken.py"
+    path.write_bytes(b"def f(:\n")
+    assert check.main(["--json", str(path)]) == 3
+    captured = capsys.readouterr()
+    entry = json.loads(captured.out)
+    assert entry == {"script": str(path), "error": f"{path} is not Python source Python would run: invalid syntax "
+                                                   "(line 1)", "exit_status": 3}
+    assert check.main(["--json", str(tmp_path)]) == 3
+    assert json.loads(capsys.readouterr().out)["files"] == [entry]
+
+
 NOTEBOOK = ROOT / "tests" / "migrate" / "notebooks" / "amp_training.ipynb"
 
 

@@ -164,7 +164,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (arguments for the script go after `--`)")
     args.script_args = script_args
-    if not os.path.isfile(args.script):
+    if os.path.isdir(args.script) and not os.path.isfile(os.path.join(args.script, "__main__.py")):
+        parser.error(f"{args.script} is a folder without a __main__.py: name the script to run")
+    if not os.path.exists(args.script):
         parser.error(f"no such script: {args.script}")
     if args.max_steps is not None and args.max_steps <= args.warmup:
         parser.error(f"--max-steps {args.max_steps} leaves no timed step after --warmup {args.warmup}: "

@@ -54,6 +54,16 @@ def test_missing_script_is_an_error(tmp_path, capsys):
     assert "no such script" in capsys.readouterr().err
 
 
+def test_a_folder_is_a_script_when_python_would_run_it(tmp_path, capsys):
+    """As `python DIR` and `apexlite run DIR`: a folder with a __main__.py runs; one without is named as such."""
+    with pytest.raises(SystemExit) as stop:
+        options.parse_args([str(tmp_path)])
+    assert stop.value.code == 2
+    assert f"{tmp_path} is a folder without a __main__.py: name the script to run" in capsys.readouterr().err
+    (tmp_path / "__main__.py").write_text("")
+    assert options.parse_args([str(tmp_path)]).script == str(tmp_path)
+
+
 def test_help_documents_every_option_with_its_default_and_the_double_dash(capsys):
     parser = options._build_parser()
     with pytest.raises(SystemExit):

@@ -2,9 +2,11 @@
 
 For each scaled loss, the region ends at the statement that computes the loss and starts at the
 earliest statement the loss depends on (by the names it reads, followed backwards through the block)
-that runs one of amp's models. Data loading before the forward and the optimizer work after the loss
+that runs one of amp's models, back to the last backward or step before it; a forward the loss depends
+on that runs before that backward (a GAN's generator, whose output the discriminator's losses use
+first) gets a region of its own. Data loading before the forward and the optimizer work after the loss
 stay outside, as in torch's AMP examples. Statements that step an optimizer, scale a loss or call
-`amp.initialize` are never inside a region. Regions of one block that overlap are merged.
+`amp.initialize` are never inside a region. Regions of one block that overlap or touch are merged.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class RegionFinder:
         self.analysis: Analysis = plan.analysis
         self.models = set(models)
         self.marked: Set[int] = set()
+        self.markers = {id(node) for node in markers}
         for node in markers:
             self.marked.update(id(ancestor) for ancestor in self.analysis.ancestors(node))
             self.marked.add(id(node))
@@ -79,31 +82,55 @@ class RegionFinder:
         end = body.index(loss_statement)
         depends = self.analysis.loaded_names(loss_statement)
         starts = [end] if self._runs_model(loss_statement) else []
+        earlier: List[int] = []  # forwards the loss depends on that run before an earlier backward or step
         after_earlier_backward = False
         for index in range(end - 1, -1, -1):
             statement = body[index]
             if self._is_marker(statement):
                 after_earlier_backward = True
-                break
-            if self.analysis.assigned_names(statement) & depends:
+                continue
+            assigned = self.analysis.assigned_names(statement)
+            if assigned & depends:
                 depends |= self.analysis.loaded_names(statement)
-                if self._runs_model(statement):
+                if not self._runs_model(statement):
+                    continue
+                if not after_earlier_backward:
                     starts.append(index)
+                elif not assigned & self.models:  # not the model's own construction or amp.initialize
+                    earlier.append(index)
         if not starts and after_earlier_backward:
-            starts = [end]  # a second loss from the same forward pass (run under an earlier region)
+            starts = [end]  # a second loss from an earlier forward pass (under its own region, below)
         if not starts:
             self.plan.todo(scaled, f"no forward pass of {', '.join(sorted(self.models))} found where this loss is "
                                    "computed; put the forward pass and the loss under torch.autocast yourself")
             return False
         self._add(Region(block, min(starts), end), scaled)
+        for index in earlier:  # a GAN's generator output, made before the discriminator's backward
+            self._add(Region(block, index, index), scaled)
         return True
 
     def _add(self, region: Region, scaled: cst.BaseStatement) -> None:
         for existing in self.regions:
-            if existing.block is region.block and region.start <= existing.end and existing.start <= region.end:
+            if existing.block is region.block and region.start <= existing.end + 1 and existing.start <= region.end + 1:
                 existing.start, existing.end = min(existing.start, region.start), max(existing.end, region.end)
                 return
         self.regions.append(region)
+
+    def forwards_outside(self) -> List[cst.Call]:
+        """Calls of amp's models (`model(x)`) in no region: evaluation, inference, a forward no scaled loss reads.
+        apex's O1 ran them in float16 too; after the migration they run in float32 (the caller says so)."""
+        covered: Set[int] = set()
+        for region in self.regions:
+            for statement in list(region.block.body)[region.start:region.end + 1]:
+                covered.update(id(node) for node in self.analysis.walk(statement, cst.CSTNode))
+        return [call for call in self.analysis.nodes(cst.Call)
+                if id(call) not in covered and self.analysis.code(call.func) in self.models
+                and not any(id(a) in self.markers or self._sets_precision(a) for a in self.analysis.ancestors(call))]
+
+    def _sets_precision(self, node: cst.CSTNode) -> bool:
+        """A `with` that already decides the precision inside it (amp.disable_casts(), the script's own autocast)."""
+        return isinstance(node, cst.With) and any(
+            name in self.analysis.code(item.item) for item in node.items for name in ("disable_casts", "autocast"))
 
     def by_block(self) -> Dict[int, List[Region]]:
         grouped: Dict[int, List[Region]] = {}

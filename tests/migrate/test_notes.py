@@ -162,6 +162,13 @@ def _dropped(program: Program, note: str, name: str, line: int, match) -> None:
                    for keyword in node.keywords), ast.unparse(below)
 
 
+def _forward_in_fp32(program: Program, note: str, name: str, line: int, match) -> None:
+    """The statement below calls the model, under no torch.autocast."""
+    below = _statement_below(program, name, line)
+    assert any(isinstance(node, ast.Call) and _dotted(node.func) == match[1] for node in ast.walk(below))
+    assert not any(below in ast.walk(block) for block in program.autocasts()), ast.unparse(below)
+
+
 def _takes(program: Program, note: str, name: str, line: int, match) -> None:
     function, names = match[1], re.findall(r"`(\w+)=`", match[3])
     assert names and len(names) == (2 if " and the device type" in match[2] else 1)
@@ -199,6 +206,8 @@ CLAIMS = [
     (r"(\w+)\(\) takes (the GradScaler|the device type|the GradScaler and the device type) that replaced amp "
      r"\((.+)\); every call migrate saw passes (?:it|them)", _takes),
     (r"amp\.load_state_dict\(\.\.\.\) removed: nothing is loss-scaled any more", _load_removed),
+    (r"`([\w.]+)\(\.\.\.\)` here runs in float32 now \(apex's O1 ran every forward in \w+\); for that, run it "
+     r"under `with torch\.autocast\(.+\):`", _forward_in_fp32),
     (r"checkpoints written before the migration hold apex's scaler state .+", _checkpoint),
 ]
 

@@ -212,14 +212,14 @@ class ScaleLossPlanner:
         setup = self.setup
         flag = f", enabled={setup.enabled}" if setup.enabled else ""
         for call in outside:
-            unit.plan.comment(call, f"`{unit.analysis.code(call.func)}(...)` here runs in float32 now (apex's O1 ran "
-                                    f"every forward in {setup.dtype}); for that, run it under `with torch.autocast("
-                                    f"device_type={setup.device_expr}, dtype=torch.{setup.dtype}{flag}):`")
+            unit.plan.comment(call, f"`{unit.analysis.code(call.func)}(...)` here runs in float32 now (apex's "
+                                    f"{setup.level} ran every forward in low precision); for that, run it under `with "
+                                    f"torch.autocast(device_type={setup.device_expr}, dtype=torch.{setup.dtype}{flag}):`")
         if outside:
             lines = ", ".join(str(unit.analysis.line(call)) for call in outside)
             unit.plan.notes.append(f"{len(outside)} forward pass(es) outside the training step (line {lines}: "
-                                   "evaluation, say) run in float32 now, where apex's O1 ran them in low precision: "
-                                   "a comment there says how to keep that")
+                                   f"evaluation, say) run in float32 now, where apex's {setup.level} ran them in low "
+                                   "precision: a comment there says how to keep that")
 
     def _autocast_header(self, unit: Unit, first: cst.BaseStatement):
         """`with torch.autocast(...)` for a region starting at `first`: its flag as amp.initialize's `if`

@@ -206,8 +206,8 @@ CLAIMS = [
     (r"(\w+)\(\) takes (the GradScaler|the device type|the GradScaler and the device type) that replaced amp "
      r"\((.+)\); every call migrate saw passes (?:it|them)", _takes),
     (r"amp\.load_state_dict\(\.\.\.\) removed: nothing is loss-scaled any more", _load_removed),
-    (r"`([\w.]+)\(\.\.\.\)` here runs in float32 now \(apex's O1 ran every forward in \w+\); for that, run it "
-     r"under `with torch\.autocast\(.+\):`", _forward_in_fp32),
+    (r"`([\w.]+)\(\.\.\.\)` here runs in float32 now \(apex's O[1-3] ran every forward in low precision\); for "
+     r"that, run it under `with torch\.autocast\(.+\):`", _forward_in_fp32),
     (r"checkpoints written before the migration hold apex's scaler state .+", _checkpoint),
 ]
 

@@ -14,8 +14,9 @@ scaler = torch.amp.GradScaler("cpu")
 def evaluate(inputs):
     model.eval()
     with torch.no_grad():
-        # apexlite migrate: `model(...)` here runs in float32 now (apex's O1 ran every forward in float16);
-        #     for that, run it under `with torch.autocast(device_type="cpu", dtype=torch.float16):`
+        # apexlite migrate: `model(...)` here runs in float32 now (apex's O1 ran every forward in low
+        #     precision); for that, run it under `with torch.autocast(device_type="cpu",
+        #     dtype=torch.float16):`
         logits = model(inputs)
     model.train()
     return logits

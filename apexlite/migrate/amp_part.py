@@ -199,6 +199,8 @@ def _plan_initialize_statement(plan: Plan, setup: AmpSetup, planner: ScaleLossPl
             in_place.append(f"{model}.{cast}")
             in_place.append(f"{model}.register_forward_pre_hook(\n    lambda module, args: tuple(a.{cast} if "
                             "torch.is_tensor(a) and a.is_floating_point() else a for a in args))")
+            in_place.append(f"{model}.register_forward_hook(\n    lambda module, args, output: output.float() if "
+                            "torch.is_tensor(output) and output.is_floating_point() else output)")
     enabled = f", enabled={setup.enabled}" if setup.enabled else ""
     static = "" if setup.loss_scale == "dynamic" else f", init_scale={float(setup.loss_scale)!r}, growth_interval=2**31 - 1"
     for scaler in planner.scalers:
@@ -211,7 +213,8 @@ def _plan_initialize_statement(plan: Plan, setup: AmpSetup, planner: ScaleLossPl
     if setup.recipe == HALF:
         plan.comment(setup.anchor, f"O3 traps: no fp32 master weights (updates below {setup.dtype}'s resolution "
                                    f"are lost), batchnorm and optimizer state in {setup.dtype}, only positional "
-                                   "tensor inputs are cast; torch.autocast (O1) is the safer recipe")
+                                   "tensor inputs are cast in and only a tensor output back to float32 (apex cast "
+                                   "every output); torch.autocast (O1) is the safer recipe")
     if setup.guard.outermost is not None:
         plan.insert_before(setup.guard.outermost, every_path)
     else:

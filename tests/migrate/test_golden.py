@@ -7,6 +7,8 @@ left in a complete migration, or names what is left when there are TODOs.
 import ast
 import csv
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,3 +62,27 @@ def test_every_case_has_its_files():
     inputs = {path.name[:-len(".in.py")] for path in GOLDEN.glob("*.in.py")}
     outputs = {path.name[:-len(".out.py")] for path in GOLDEN.glob("*.out.py")}
     assert inputs == outputs == {name for name, _, _ in CASES}
+
+
+# golden case -> a line appended to its input and its output that prints what the model returns
+RUN_AND_PRINT = {"o3": "print(model(torch.randn(2, 4)).dtype)", "gan_forward_first": "print(fake.dtype)",
+                 "eval_forward": "print(evaluate(torch.randn(2, 8)).dtype)"}
+
+
+@pytest.mark.parametrize("name", list(RUN_AND_PRINT))
+def test_the_migrated_model_returns_what_apex_returned_or_says_it_does_not(tmp_path, name):
+    """The original under `apexlite run` (apex's behaviour) against the migrated script under plain python:
+    O3's output back in float32, a GAN's generator output in float16; an evaluation forward runs in float32
+    after the migration, which its comment says."""
+    printed = []
+    for kind, command in (("in", [sys.executable, "-m", "apexlite", "run"]), ("out", [sys.executable])):
+        script = tmp_path / f"{name}.{kind}.py"
+        script.write_bytes((GOLDEN / f"{name}.{kind}.py").read_bytes() + f"\n{RUN_AND_PRINT[name]}\n".encode())
+        result = subprocess.run([*command, str(script)], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        printed.append(result.stdout.strip().splitlines()[-1])
+    if name == "eval_forward":
+        assert printed == ["torch.float16", "torch.float32"]
+        assert b"runs in float32 now" in (GOLDEN / f"{name}.out.py").read_bytes()
+    else:
+        assert printed[0] == printed[1], printed

@@ -128,6 +128,8 @@ def _o3_traps(program: Program, note: str, name: str, line: int, match) -> None:
                                               if isinstance(node, ast.Call))
     assert any(_dotted(node.func).endswith(".register_forward_pre_hook") for node in program.nodes
                if isinstance(node, ast.Call))
+    assert any(_dotted(node.func).endswith(".register_forward_hook") for node in program.nodes  # output to fp32
+               if isinstance(node, ast.Call))
 
 
 def _o2_kept(program: Program, note: str, name: str, line: int, match) -> None:

@@ -31,6 +31,9 @@ def apexlite_amp_names() -> Tuple[str, ...]:
     return tuple(apexlite.amp.__all__)
 
 
+APEX_DDP = "apex.parallel.distributed.DistributedDataParallel"  # apex's DDP, as canonical() names it
+
+
 def is_apex_name(dotted: str) -> bool:
     return dotted.split(".")[0] in ROOTS
 

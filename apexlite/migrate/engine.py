@@ -30,7 +30,7 @@ from libcst.metadata import MetadataWrapper
 from apexlite import check
 from apexlite.migrate import apis
 from apexlite.migrate.amp_part import is_amp, plan_amp_files
-from apexlite.migrate.analysis import Analysis, parse
+from apexlite.migrate.analysis import Analysis, dotted_text, parse
 from apexlite.migrate.applier import Applier
 from apexlite.migrate.device import CPU, CUDA, RUNTIME, detect
 from apexlite.migrate.edits import TODO_PREFIX, Plan, Todo, wrapped_comment
@@ -179,9 +179,18 @@ def _plan(parsed, group: _Group, options: MigrateOptions, refused_amp: Optional[
     setup = plan_amp_files(plans, group.home, options, _device(involved), refused_amp, resolve,
                            _shown(group.keys), group.elsewhere)
     for key in group.keys:
-        plan_replacements(plans[key], detect(parsed[key][1]))
+        keep_amp = (setup is not None and setup.recipe == KEEP) or _imports_apexlite_amp(parsed[key][1])
+        plan_replacements(plans[key], detect(parsed[key][1]), keep_amp=keep_amp)
         plan_leftovers(plans[key])
     return plans, setup
+
+
+def _imports_apexlite_amp(analysis: Analysis) -> bool:
+    """The file already runs O2 on apexlite's amp (an earlier migration kept it): `from apexlite import amp`."""
+    return any(isinstance(node, cst.ImportFrom) and not node.relative and node.module is not None
+               and dotted_text(node.module) == "apexlite" and not isinstance(node.names, cst.ImportStar)
+               and any(dotted_text(alias.name) == "amp" for alias in node.names)
+               for node in analysis.nodes(cst.ImportFrom))
 
 
 def _shown(keys: List[Path]):

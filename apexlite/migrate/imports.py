@@ -99,6 +99,10 @@ class ImportPlanner:
             elif self.keep_amp and module == apis.AMP_MODULE and _alias_name(alias) in apis.apexlite_amp_names():
                 moved.append(f"from apexlite.amp import {text}")
                 changed = True
+            elif self.keep_amp and apis.canonical(name) == apis.APEX_DDP:  # see replacements.plan_replacements
+                bound = alias.asname.name.value if alias.asname is not None else _alias_name(alias)
+                moved.append(f"from apexlite.parallel import ddp_from_apex_args as {bound}")
+                changed = True
             else:
                 kept.append(text)
         if not changed:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import libcst as cst
 import torch
 
+from apexlite.migrate import apis
 from apexlite.migrate.device import CUDA
 from apexlite.migrate.edits import Plan, expression
 from apexlite.migrate.values import NOT_LITERAL, bind, literal
@@ -189,14 +190,24 @@ def _to_python_float(plan: Plan, call: cst.Call) -> None:
     plan.replace_expression(call, lambda _: expression(f"{code}.item()"))
 
 
-def plan_replacements(plan: Plan, device: str) -> None:
-    """Rewrite every call of an apex API that has a rule; other uses of those APIs get a TODO."""
+def plan_replacements(plan: Plan, device: str, keep_amp: bool = False) -> None:
+    """Rewrite every call of an apex API that has a rule; other uses of those APIs get a TODO. Where O2's amp
+    stays on apexlite (`keep_amp`), apex's DDP does not become torch's: it would leave each rank the fp32
+    masters amp.initialize built from that rank's own weights. A name imported from apex.parallel is
+    imported from apexlite.parallel instead (imports.py: `ddp_from_apex_args`, apex's arguments, which
+    broadcasts rank 0's masters); any other spelling gets a TODO saying so."""
     analysis = plan.analysis
     for use in analysis.uses:
         rule = RULES.get(use.api)
         if (rule is None and use.api not in TO_PYTHON_FLOAT) or plan.is_handled(use.node):
             continue
         plan.handle(use.node)
+        if keep_amp and use.api == apis.APEX_DDP:
+            if not isinstance(use.node, cst.Name) or use.star:
+                plan.todo(use.node, "O2 stays on apexlite: build this DDP with apexlite.parallel.ddp_from_apex_args "
+                                    "(apex's arguments), which broadcasts rank 0's fp32 master weights with its "
+                                    "weights; torch's DDP would leave each rank the masters of its own weights")
+            continue
         call = analysis.call_of(use)
         target = rule.target if rule is not None else "x.item()"
         if call is None:

@@ -73,15 +73,26 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+# opt level -> what apex's DDP became, and whether the migrated script runs on torch alone
+DISTRIBUTED = {"O1": ("torch.nn.parallel.DistributedDataParallel(model)", True),
+               "O2": ("from apexlite.parallel import ddp_from_apex_args as DistributedDataParallel", False)}
+
+
 @pytest.mark.slow
-def test_migrated_distributed_example_keeps_ranks_in_sync(tmp_path):
-    """apex.parallel.DistributedDataParallel -> torch's, two gloo processes on torch alone."""
+@pytest.mark.parametrize("level", list(DISTRIBUTED))
+def test_migrated_distributed_example_keeps_ranks_in_sync(tmp_path, level):
+    """apex.parallel.DistributedDataParallel -> torch's (O1, on torch alone), or apexlite's (O2 kept on
+    apexlite: it broadcasts rank 0's fp32 masters; the ranks start from different weights), two gloo
+    processes."""
     out = tmp_path / "distributed_amp.py"
-    result = migrate(EXAMPLES / "distributed_amp.py", "--opt-level", "O1", "-o", out)
+    result = migrate(EXAMPLES / "distributed_amp.py", "--opt-level", level, "-o", out)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "torch.nn.parallel.DistributedDataParallel(model)" in out.read_text()
+    became, torch_alone = DISTRIBUTED[level]
+    assert became in out.read_text()
+    command = isolated.isolated_command(out, "--steps", "4", "--opt-level", level) if torch_alone else [
+        sys.executable, str(out), "--steps", "4", "--opt-level", level]
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
-    procs = [subprocess.Popen(isolated.isolated_command(out, "--steps", "4"),
+    procs = [subprocess.Popen(command,
                               env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for rank in range(2)]
     outputs = []

@@ -1,0 +1,20 @@
+import torch
+import torch.distributed as dist
+from apexlite import amp
+from apexlite.parallel import ddp_from_apex_args as DDP
+
+# O2 stays on apexlite: apex's DDP must not become torch's, which would leave each rank the fp32 masters
+# amp.initialize built from that rank's own weights. The name comes from apexlite.parallel instead.
+dist.init_process_group("gloo")
+torch.manual_seed(dist.get_rank())
+model = torch.nn.Linear(4, 4)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+# apexlite migrate: O2 keeps amp from apexlite (torch has no fp32-master-weights recipe); `apexlite
+#     migrate --o2=bf16-autocast` moves it to bf16 autocast
+model, optimizer = amp.initialize(model, optimizer, opt_level="O2", loss_scale=128.0)
+model = DDP(model, delay_allreduce=True)
+for _ in range(3):
+    loss = model(torch.randn(2, 4, dtype=torch.float16)).float().sum()
+    with amp.scale_loss(loss, optimizer) as scaled:
+        scaled.backward()
+    optimizer.step()

@@ -143,6 +143,8 @@ def _register(session: AmpSession, transaction: InitializeTransaction, model_lis
         carried = take_carried_masters(optimizer, model_list)
         _restore_carried_masters(optimizer, carried, fp32_sources if properties.master_weights else None)
         grads = _grad_strategy(session, optimizer, properties.master_weights, fp32_sources)
+        if carried and hasattr(grads, "sync_from_model"):
+            grads.sync_from_model.carried = True  # master_sync.py: restored masters keep their precision
         amp_optimizer = AmpOptimizer(optimizer, session, grads)
         session.optimizers[id(optimizer)] = amp_optimizer
         amp_optimizer.install()

@@ -93,6 +93,7 @@ class MasterParams:
             self.copy_masters_to_model()
         self._fp32_grads = PlainGrads(optimizer, params_fn=self._fp32_params)
         self.sync_from_model = MasterSync(self.master_pairs, type(optimizer).__name__)  # see master_sync.py
+        self.sync_from_model.carried = self.restored > 0
 
     # --- construction -------------------------------------------------------------------------
     def _make_master(self, param: torch.Tensor) -> torch.Tensor:

@@ -8,26 +8,37 @@ weights alone), DDP's broadcast of rank 0's weights, a `Reducer` or a manual bro
 use, each master whose model param no longer holds the master's value rounded to the param's dtype is
 rebuilt from that param, as apex would have built it; the others keep their fp32 precision. Loading an
 optimizer checkpoint counts as that first use: it sets the masters itself.
+
+With several processes (torch.distributed initialised, world size > 1) every master is rebuilt from its
+model param, as apex did: DDP broadcast rank 0's weights into the others, so a rebuild of the changed ones
+alone would leave rank 0 its fp32 weights and the others their rounded copies, and the ranks would part by
+a rounding error. Masters restored from a checkpoint (carried into initialize) are kept either way.
 """
 from __future__ import annotations
 
 from typing import Callable, List, Tuple
 
 import torch
+import torch.distributed as dist
 
 from apexlite.amp.session import current_session
 
 
-def rebuild_changed_masters(pairs: List[Tuple[torch.Tensor, torch.Tensor]]) -> int:
+def rebuild_changed_masters(pairs: List[Tuple[torch.Tensor, torch.Tensor]], every: bool = False) -> int:
     """Copy each model param into its fp32 master where the param is no longer the master rounded to
-    its dtype; returns how many masters were rebuilt."""
+    its dtype (`every`: into every master); returns how many masters changed."""
     rebuilt = 0
     with torch.no_grad():
         for param, master in pairs:
-            if not torch.equal(param, master.to(param.dtype)):
+            if every or not torch.equal(param, master.to(param.dtype)):
+                before = master.clone() if every else None
                 master.copy_(param)
-                rebuilt += 1
+                rebuilt += 1 if before is None or not torch.equal(before, master) else 0
     return rebuilt
+
+
+def _several_processes() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 class MasterSync:
@@ -37,15 +48,22 @@ class MasterSync:
         self._pairs = pairs
         self._label = label
         self.done = False
+        self.carried = False  # the masters came from a checkpoint: only changed params rebuild theirs
 
     def __call__(self) -> None:
         if self.done:
             return
         self.done = True
         pairs = self._pairs()
-        rebuilt = rebuild_changed_masters(pairs)
+        every = not self.carried and _several_processes()
+        rebuilt = rebuild_changed_masters(pairs, every=every)
         session = current_session(required=False)
-        if rebuilt and session is not None:
+        if session is None:
+            return
+        if every:
+            session.info("%s: the %d fp32 master weights were rebuilt from the model's weights at the first backward, "
+                         "as apex built them, so every process starts from the same ones", self._label, len(pairs))
+        elif rebuilt:
             session.info("%s: %d of %d model params were written after amp.initialize (loaded weights, a broadcast); "
-                     "their fp32 master weights were rebuilt from them, as apex built its masters at the first "
-                     "backward", self._label, rebuilt, len(pairs))
+                         "their fp32 master weights were rebuilt from them, as apex built its masters at the first "
+                         "backward", self._label, rebuilt, len(pairs))

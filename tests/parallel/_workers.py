@@ -79,7 +79,9 @@ def ddp_opt_levels(rank: int, world: int, levels: List[str]) -> Dict[str, Dict[s
         amp.deinitialize()
     # O2 masters are built per rank inside amp.initialize; apexlite's DDP and the DDP of apex's import
     # surface (what legacy scripts construct) broadcast rank 0's
-    for label, wrapper in (("O2-rank-seeded", DistributedDataParallel), ("O2-rank-seeded-apex-ddp", ApexDDP)):
+    # and torch's DDP, after which the first backward rebuilds every master from the broadcast weights
+    for label, wrapper in (("O2-rank-seeded", DistributedDataParallel), ("O2-rank-seeded-apex-ddp", ApexDDP),
+                           ("O2-rank-seeded-torch-ddp", torch.nn.parallel.DistributedDataParallel)):
         model = tiny_model(seed=rank)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         model, optimizer = amp.initialize(model, optimizer, opt_level="O2", **AMP_KWARGS)

@@ -31,8 +31,8 @@ def test_ddp_opt_levels_match_single_process_and_agree_across_ranks():
         reference = _workers.single_process_run(level)
         _assert_close_dicts(ranks[0][level], reference, **LEVEL_TOLS[level])
     # different init per rank: after apexlite's DDP or apex's (the import surface's), both the model and the
-    # fp32 masters are rank 0's
-    for label in ("O2-rank-seeded", "O2-rank-seeded-apex-ddp"):
+    # fp32 masters are rank 0's; after torch's, the masters are rebuilt from rank 0's broadcast weights
+    for label in ("O2-rank-seeded", "O2-rank-seeded-apex-ddp", "O2-rank-seeded-torch-ddp"):
         _assert_equal_dicts(ranks[0][label], ranks[1][label])
         for m0, m1 in zip(ranks[0][f"{label}-masters"], ranks[1][f"{label}-masters"]):
             assert torch.equal(m0, m1), label

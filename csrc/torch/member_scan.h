@@ -1,7 +1,7 @@
 // The per-member scans of FusedAdam's grad checks and zero_grad (flat_grads.cpp), on the calling thread. A
 // scan of a cold set waits on cache misses (about ten scattered lines a member), so each member's lines are
-// prefetched a few members ahead. The scans once ran in parts on the intra-op threads: a little faster on a
-// quiet machine (12 against 21 ns a param on 2 cores), but a parallel region ends at a barrier for all its
+// prefetched a few members ahead. The scans once ran in parts on the intra-op threads: a third faster on a
+// quiet machine at 10,000 params (2 cores), but a parallel region ends at a barrier for all its
 // threads, and beside one busy process (a data loader's worker, say) a thread the scheduler did not run in time
 // stalled one call in ten or more by 4-24 ms (BENCHMARKS.md, "The grad checks beside busy cores").
 #pragma once

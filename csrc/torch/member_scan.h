@@ -3,7 +3,7 @@
 // prefetched a few members ahead. The scans once ran in parts on the intra-op threads: a third faster on a
 // quiet machine at 10,000 params (2 cores), but a parallel region ends at a barrier for all its
 // threads, and beside one busy process (a data loader's worker, say) a thread the scheduler did not run in time
-// stalled one call in ten or more by 4-24 ms (BENCHMARKS.md, "The grad checks beside busy cores").
+// stalled one call in ten or more by 4-24 ms (BENCHMARKS.md, "The scans on the calling thread again").
 #pragma once
 
 #include <torch/csrc/python_headers.h>

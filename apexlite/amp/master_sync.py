@@ -26,14 +26,13 @@ from apexlite.amp.session import current_session
 
 def rebuild_changed_masters(pairs: List[Tuple[torch.Tensor, torch.Tensor]], every: bool = False) -> int:
     """Copy each model param into its fp32 master where the param is no longer the master rounded to
-    its dtype (`every`: into every master); returns how many masters changed."""
+    its dtype (`every`: into every master); returns how many were copied."""
     rebuilt = 0
     with torch.no_grad():
         for param, master in pairs:
             if every or not torch.equal(param, master.to(param.dtype)):
-                before = master.clone() if every else None
                 master.copy_(param)
-                rebuilt += 1 if before is None or not torch.equal(before, master) else 0
+                rebuilt += 1
     return rebuilt
 
 

@@ -142,9 +142,7 @@ def _register(session: AmpSession, transaction: InitializeTransaction, model_lis
     for optimizer in optimizer_list:
         carried = take_carried_masters(optimizer, model_list)
         _restore_carried_masters(optimizer, carried, fp32_sources if properties.master_weights else None)
-        grads = _grad_strategy(session, optimizer, properties.master_weights, fp32_sources)
-        if carried and hasattr(grads, "sync_from_model"):
-            grads.sync_from_model.carried = True  # master_sync.py: restored masters keep their precision
+        grads = _grad_strategy(session, optimizer, properties.master_weights, fp32_sources, bool(carried))
         amp_optimizer = AmpOptimizer(optimizer, session, grads)
         session.optimizers[id(optimizer)] = amp_optimizer
         amp_optimizer.install()
@@ -181,13 +179,14 @@ def _o1_handle(session: AmpSession) -> Any:
 
 
 def _grad_strategy(session: AmpSession, optimizer: Any, master_weights: bool,
-                   fp32_sources: Dict[torch.Tensor, torch.Tensor]) -> Any:
-    """How this optimizer's grads are handled: plain, separate fp32 masters, or masters inside a fused step."""
+                   fp32_sources: Dict[torch.Tensor, torch.Tensor], carried: bool) -> Any:
+    """How this optimizer's grads are handled: plain, separate fp32 masters, or masters inside a fused step
+    (`carried`: the masters come from a checkpoint loaded before initialize, master_sync.py)."""
     if not master_weights:
         return PlainGrads(optimizer, models_fn=session.models.items)
     if supports_fused_master_step(optimizer):
-        return FusedMasterGrads(optimizer, fp32_sources)
-    return MasterParams(optimizer, fp32_sources)
+        return FusedMasterGrads(optimizer, fp32_sources, carried)
+    return MasterParams(optimizer, fp32_sources, carried)
 
 
 def deinitialize() -> None:

@@ -50,7 +50,8 @@ def supports_fused_master_step(optimizer: Any) -> bool:
 class FusedMasterGrads:
     """O2 grad handling for a fused optimizer: see NOTE [fused O2 step]."""
 
-    def __init__(self, optimizer: Any, fp32_sources: Optional[Dict[torch.Tensor, torch.Tensor]] = None) -> None:
+    def __init__(self, optimizer: Any, fp32_sources: Optional[Dict[torch.Tensor, torch.Tensor]] = None,
+                 carried: bool = False) -> None:
         self.optimizer = optimizer
         half_ids = {id(p) for p in self._half_params()}
         seeds = {p: s for p, s in (fp32_sources or {}).items() if id(p) in half_ids}
@@ -62,7 +63,7 @@ class FusedMasterGrads:
         self._set_grad_scale = False
         self._own_leave_flag: Any = _ABSENT
         self.update_finished = False  # set by the step post-hook: this step's update is done
-        self.sync_from_model = MasterSync(self.master_pairs, type(optimizer).__name__)  # see master_sync.py
+        self.sync_from_model = MasterSync(self.master_pairs, type(optimizer).__name__, carried)  # master_sync.py
 
     def _half_params(self) -> List[torch.Tensor]:
         return [p for p in optimizer_params(self.optimizer) if p.dtype in LOW_PRECISION]

@@ -77,7 +77,8 @@ def check_saved_masters(saved: Any, targets: List[torch.Tensor]) -> None:
 class MasterParams:
     """The fp32<->low-precision mapping for one optimizer, plus grad movement and sync."""
 
-    def __init__(self, optimizer: Any, fp32_sources: Optional[Dict[torch.Tensor, torch.Tensor]] = None) -> None:
+    def __init__(self, optimizer: Any, fp32_sources: Optional[Dict[torch.Tensor, torch.Tensor]] = None,
+                 carried: bool = False) -> None:
         self.optimizer = optimizer
         self.model_params: List[torch.Tensor] = []
         self.masters: List[torch.Tensor] = []
@@ -92,8 +93,7 @@ class MasterParams:
                      "amp.initialize", self.restored, type(optimizer).__name__)
             self.copy_masters_to_model()
         self._fp32_grads = PlainGrads(optimizer, params_fn=self._fp32_params)
-        self.sync_from_model = MasterSync(self.master_pairs, type(optimizer).__name__)  # see master_sync.py
-        self.sync_from_model.carried = self.restored > 0
+        self.sync_from_model = MasterSync(self.master_pairs, type(optimizer).__name__, carried or self.restored > 0)
 
     # --- construction -------------------------------------------------------------------------
     def _make_master(self, param: torch.Tensor) -> torch.Tensor:

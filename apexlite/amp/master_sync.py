@@ -43,11 +43,12 @@ def _several_processes() -> bool:
 class MasterSync:
     """Runs `rebuild_changed_masters` on an optimizer's (model param, master) pairs once, at its first use."""
 
-    def __init__(self, pairs: Callable[[], List[Tuple[torch.Tensor, torch.Tensor]]], label: str) -> None:
+    def __init__(self, pairs: Callable[[], List[Tuple[torch.Tensor, torch.Tensor]]], label: str,
+                 carried: bool = False) -> None:
         self._pairs = pairs
         self._label = label
         self.done = False
-        self.carried = False  # the masters came from a checkpoint: only changed params rebuild theirs
+        self.carried = carried  # the masters came from a checkpoint: only changed params rebuild theirs
 
     def __call__(self) -> None:
         if self.done:

@@ -4,7 +4,8 @@ For each scaled loss, the region ends at the statement that computes the loss an
 earliest statement the loss depends on (by the names it reads, followed backwards through the block)
 that runs one of amp's models, back to the last backward or step before it; a forward the loss depends
 on that runs before that backward (a GAN's generator, whose output the discriminator's losses use
-first) gets a region of its own. Data loading before the forward and the optimizer work after the loss
+first) gets a region of its own. At O1 the forwards of other modules count too (a distillation teacher amp
+never saw: apex's O1 patched torch's functions, so they ran in low precision as well). Data loading before the forward and the optimizer work after the loss
 stay outside, as in torch's AMP examples. Statements that step an optimizer, scale a loss or call
 `amp.initialize` are never inside a region. Regions of one block that overlap or touch are merged.
 """
@@ -29,10 +30,12 @@ class Region:
 class RegionFinder:
     """Finds the autocast region of each scaled loss; `regions` holds them, merged per block."""
 
-    def __init__(self, plan: Plan, models: Sequence[str], markers: Sequence[cst.CSTNode]) -> None:
+    def __init__(self, plan: Plan, models: Sequence[str], markers: Sequence[cst.CSTNode],
+                 others: Sequence[str] = ()) -> None:
         self.plan = plan
         self.analysis: Analysis = plan.analysis
         self.models = set(models)
+        self.others = set(others) - self.models  # modules amp was not given whose forwards it cast (O1)
         self.marked: Set[int] = set()
         self.markers = {id(node) for node in markers}
         for node in markers:
@@ -44,7 +47,11 @@ class RegionFinder:
         return id(statement) in self.marked
 
     def _runs_model(self, statement: cst.CSTNode) -> bool:
-        return bool(self.analysis.dotted_uses(statement) & self.models)
+        return bool(self.analysis.dotted_uses(statement) & self.models) or any(
+            self._calls_other(call) for call in self.analysis.walk(statement, cst.Call))
+
+    def _calls_other(self, call: cst.Call) -> bool:
+        return bool(self.others) and self.analysis.code(call.func) in self.others
 
     def _loss_statement(self, start: cst.BaseStatement, names: Set[str]) -> Optional[cst.BaseStatement]:
         """The nearest statement before `start` (in its block, then in the enclosing blocks up to the function)
@@ -124,7 +131,7 @@ class RegionFinder:
             for statement in list(region.block.body)[region.start:region.end + 1]:
                 covered.update(id(node) for node in self.analysis.walk(statement, cst.CSTNode))
         return [call for call in self.analysis.nodes(cst.Call)
-                if id(call) not in covered and self.analysis.code(call.func) in self.models
+                if id(call) not in covered and (self.analysis.code(call.func) in self.models or self._calls_other(call))
                 and not any(id(a) in self.markers or self._sets_precision(a) for a in self.analysis.ancestors(call))]
 
     def _sets_precision(self, node: cst.CSTNode) -> bool:
@@ -137,6 +144,18 @@ class RegionFinder:
         for region in self.regions:
             grouped.setdefault(id(region.block), []).append(region)
         return grouped
+
+
+# methods only a torch.nn.Module has among what scripts call: the evidence that a name holds a model
+MODULE_METHODS = frozenset({"eval", "train", "parameters", "named_parameters", "modules", "children",
+                            "buffers", "requires_grad_"})
+
+
+def modules_in(analysis: Analysis) -> Set[str]:
+    """The names (`teacher`, `self.teacher`) a script calls a Module-only method of (`teacher.eval()`)."""
+    return {analysis.code(call.func.value) for call in analysis.nodes(cst.Call)
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value in MODULE_METHODS
+            and analysis.code(call.func.value) != "self"}
 
 
 def _descendants(node: cst.CSTNode):

@@ -23,7 +23,7 @@ from apexlite.migrate.edits import comment_line, expression
 from apexlite.migrate.guards import branch_calls_backward, key, read_guard, resolves_alike
 from apexlite.migrate.initialize import AUTOCAST, AmpSetup
 from apexlite.migrate.reach import Unit
-from apexlite.migrate.regions import RegionFinder
+from apexlite.migrate.regions import RegionFinder, modules_in
 from apexlite.migrate.steps import plan_steps, step_calls
 from apexlite.migrate.values import bind, elements, literal
 
@@ -200,7 +200,8 @@ class ScaleLossPlanner:
         markers: List[cst.CSTNode] = [site.statement for site in sites] + ([self.setup.call] if unit.home else [])
         for index in range(len(self.setup.optimizer_nodes)):
             markers.extend(call for step_unit, call in step_calls([unit], index))
-        finder = RegionFinder(unit.plan, [*self.setup.models, *unit.ties.model_names()], markers)
+        others = modules_in(unit.analysis) if self.setup.level == "O1" else set()  # O1 cast every forward
+        finder = RegionFinder(unit.plan, [*self.setup.models, *unit.ties.model_names()], markers, others)
         for site in sites:
             finder.find(site.statement, site.loss)
         for region in finder.regions:

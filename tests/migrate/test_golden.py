@@ -66,13 +66,13 @@ def test_every_case_has_its_files():
 
 # golden case -> a line appended to its input and its output that prints what the model returns
 RUN_AND_PRINT = {"o3": "print(model(torch.randn(2, 4)).dtype)", "gan_forward_first": "print(fake.dtype)",
-                 "eval_forward": "print(evaluate(torch.randn(2, 8)).dtype)"}
+                 "eval_forward": "print(evaluate(torch.randn(2, 8)).dtype)", "distill_teacher": "print(soft.dtype)"}
 
 
 @pytest.mark.parametrize("name", list(RUN_AND_PRINT))
 def test_the_migrated_model_returns_what_apex_returned_or_says_it_does_not(tmp_path, name):
     """The original under `apexlite run` (apex's behaviour) against the migrated script under plain python:
-    O3's output back in float32, a GAN's generator output in float16; an evaluation forward runs in float32
+    O3's output back in float32, a GAN's generator output and a distillation teacher's in float16; an evaluation forward runs in float32
     after the migration, which its comment says."""
     printed = []
     for kind, command in (("in", [sys.executable, "-m", "apexlite", "run"]), ("out", [sys.executable])):

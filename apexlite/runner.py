@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Iterator, List, Optional
 
 from apexlite._logging import get_logger
+from apexlite.amp import layer_precision
 from apexlite.compat import hook
 from apexlite.compat.child_path import CHILD_PATH
 from apexlite.gloo_exit import GlooRelease
@@ -107,6 +108,7 @@ def _legacy_environment(argv: List[str], path0: str) -> Iterator[None]:
     `-S` (no sitecustomize), which still find the `apex`/`amp_C` stand-ins in it.
     """
     saved = _InterpreterState()
+    layer_precision.install_from_environment()  # migrate --verify's count of layer dtypes, when it asks
     finder = hook.install()
     try:
         sys.argv = argv

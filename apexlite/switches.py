@@ -42,7 +42,8 @@ SWITCHES: Tuple[Switch, ...] = (
            "(CI uses it)", "install"),
 )
 # set by apexlite for its own children, never by hand: name -> who sets it
-INTERNAL = {"APEXLITE_SWEEP_GATE": "sweep, to pace the runs it starts (apexlite.sweep.gate)"}
+INTERNAL = {"APEXLITE_SWEEP_GATE": "sweep, to pace the runs it starts (apexlite.sweep.gate)",
+            "APEXLITE_LAYER_DTYPES": "migrate --verify, to count the dtypes layers return (apexlite.amp.layer_precision)"}
 
 HONOURS = "honours"  # the command, or the script it runs, reads the switch from your environment
 SETS = "sets"  # the command sets it for each run it starts, replacing yours

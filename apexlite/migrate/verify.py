@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, TextIO, Tuple
 
 from apexlite.amp.environment import LOSS_SCALE_ENV, OPT_LEVEL_ENV
+from apexlite.amp.layer_precision import LAYER_DTYPES_ENV
 from apexlite.amp.telemetry import DEFAULT_WARMUP_STEPS, MAX_STEPS_ENV, TELEMETRY_ENV
 from apexlite.child_process import OK, run_child
 from apexlite.migrate import scaling
@@ -28,6 +29,7 @@ from apexlite.migrate.compare import AGREE, Comparison, compare
 from apexlite.migrate.engine import MigrationResult
 from apexlite.migrate.initialize import AUTOCAST
 from apexlite.migrate.options import MigrateOptions
+from apexlite.migrate.precision import check_precision
 from apexlite.sweep.process import run_one
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verify_child.py")
@@ -45,6 +47,7 @@ class Run:
     refused_imports: List[str] = field(default_factory=list)
     skipped_at: List[int] = field(default_factory=list)
     scale_curve: List[List[Any]] = field(default_factory=list)
+    layers: Dict[str, Dict[str, int]] = field(default_factory=dict)  # apexlite.amp.layer_precision's counts
 
     @property
     def scaling(self) -> scaling.Scaling:
@@ -67,21 +70,32 @@ class VerifyJob:
         return os.path.dirname(os.path.abspath(self.script))
 
 
-def _run(label: str, status: str, error: Optional[str], report: Optional[Dict[str, Any]]) -> Run:
+def _run(label: str, status: str, error: Optional[str], report: Optional[Dict[str, Any]], layers: str) -> Run:
     report = report or {}
     return Run(label, status, error, report.get("loss_curve") or [], report.get("steps") or 0,
                report.get("refused_imports") or [], report.get("skipped_at") or [],
-               report.get("loss_scale_curve") or [])
+               report.get("loss_scale_curve") or [], _read_json(layers) or {})
 
 
-def _run_child(command: List[str], telemetry: str, timeout: float, label: str,
-               env: Optional[Dict[str, str]] = None) -> Run:
+def _read_json(path: str) -> Optional[Dict[str, Any]]:
+    if not os.path.exists(path):
+        return None
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def _layers_file(job: "VerifyJob", side: str) -> str:
+    """Where a run's layer dtypes go (a run again under a static scale replaces the file)."""
+    path = os.path.join(job.tmp, f"{side}.layers.json")
+    if os.path.exists(path):
+        os.unlink(path)
+    return path
+
+
+def _run_child(command: List[str], telemetry: str, timeout: float, label: str, env: Dict[str, str],
+               layers: str) -> Run:
     outcome = run_child(command, timeout, env)
-    report = None
-    if os.path.exists(telemetry):
-        with open(telemetry) as handle:
-            report = json.load(handle)
-    return _run(label, outcome.status, outcome.error, report)
+    return _run(label, outcome.status, outcome.error, _read_json(telemetry), layers)
 
 
 def _child_command(script: str, telemetry: Optional[str], max_steps: int, allow: List[str], path0: str,
@@ -102,19 +116,23 @@ def _static_env(static_scale: Optional[float]) -> Dict[str, str]:
 def run_original(job: VerifyJob, static_scale: Optional[float] = None) -> Run:
     setup = job.result.setup
     suffix = "" if static_scale is None else f", static loss scale {static_scale:g}"
+    layers = _layers_file(job, "original")
+    counting = {LAYER_DTYPES_ENV: layers}
     if setup is not None:
         dtype = "bfloat16" if setup.recipe == AUTOCAST and setup.level == "O2" else "float32"  # float32: the script's
         record = run_one(job.script, job.script_args, setup.level, dtype, job.timeout, job.max_steps,
-                         DEFAULT_WARMUP_STEPS, _static_env(static_scale))
+                         DEFAULT_WARMUP_STEPS, {**_static_env(static_scale), **counting})
         if not _skipped_amp(record):
             return _run(f"original (apexlite run, {setup.level}{suffix})", record["status"], record.get("error"),
-                        record.get("telemetry"))
+                        record.get("telemetry"), layers)
+        layers = _layers_file(job, "original")
+        counting = {LAYER_DTYPES_ENV: layers}
         # a flag kept amp off on this run (`if args.fp16: amp.initialize(...)`): measured as a script without amp
     telemetry = os.path.join(job.tmp, "original.json")
     command = _child_command(job.script, telemetry, job.max_steps, ["apex", "amp_C", "apexlite"], job.directory,
                              job.script_args, under_apexlite=True, static_scale=static_scale)
-    env = {**os.environ, **_static_env(static_scale)}
-    return _run_child(command, telemetry, job.timeout, f"original (apexlite run{suffix})", env)
+    env = {**os.environ, **_static_env(static_scale), **counting}
+    return _run_child(command, telemetry, job.timeout, f"original (apexlite run{suffix})", env, layers)
 
 
 def _skipped_amp(record: Dict[str, Any]) -> bool:
@@ -125,7 +143,9 @@ def _skipped_amp(record: Dict[str, Any]) -> bool:
 def run_migrated(job: VerifyJob, migrated: str, static_scale: Optional[float] = None) -> Run:
     result = job.result
     telemetry = os.path.join(job.tmp, "migrated.json")
+    layers = _layers_file(job, "migrated")
     env = {key: value for key, value in os.environ.items() if not key.startswith("APEXLITE_")}
+    env[LAYER_DTYPES_ENV] = layers
     if result.needs_apexlite:  # amp kept on apexlite: its own telemetry and step budget, as for the original
         env.update({TELEMETRY_ENV: telemetry, MAX_STEPS_ENV: str(job.max_steps), OPT_LEVEL_ENV: result.setup.level,
                     **_static_env(static_scale)})
@@ -134,7 +154,7 @@ def run_migrated(job: VerifyJob, migrated: str, static_scale: Optional[float] = 
                              under_apexlite=False, static_scale=static_scale)
     label = "migrated (python, apex not importable" + ("" if result.needs_apexlite else ", nor apexlite")
     label += ")" if static_scale is None else f", static loss scale {static_scale:g})"
-    return _run_child(command, telemetry, job.timeout, label, env)
+    return _run_child(command, telemetry, job.timeout, label, env, layers)
 
 
 def _describe(run: Run) -> str:
@@ -190,12 +210,20 @@ def verify_migration(script: str, result: MigrationResult, script_args: List[str
             blocked = ", ".join(sorted(set(migrated.refused_imports)))
             out.write("verify: apex imports refused in the migrated run: " + (blocked or "none attempted") + "\n")
             comparison = compare(original.curve, migrated.curve, tolerance)
+            precision = check_precision(original.layers, migrated.layers)
+            out.writelines(line + "\n" for line in precision.lines)
+            if comparison.verdict == AGREE and precision.lost is not None:
+                out.write(format_comparison(comparison) + "\n")
+                out.write(f"verify: verdict: DIFFER (precision): the losses agree, but {precision.lost}\n")
+                return 1
             if comparison.verdict == AGREE:
                 out.write(format_comparison(comparison, verdict="AGREE") + "\n")
                 _note_scaling(original, migrated, out)
                 return 0
             out.write(format_comparison(comparison) + "\n")
             _diagnose(job, path, original, migrated, comparison, tolerance, out)
+            if precision.lost is not None:
+                out.write(f"verify: besides, {precision.lost}\n")
             return 1
 
 

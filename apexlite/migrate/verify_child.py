@@ -19,6 +19,7 @@ for the original), so two runs can be compared with loss scaling taken out of th
 """
 import argparse
 import importlib.abc
+import importlib.util
 import inspect
 import json
 import os
@@ -28,6 +29,7 @@ import sys
 import traceback
 
 REFUSED_ROOTS = ("apex", "amp_C", "apexlite")
+LAYER_PRECISION = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "amp", "layer_precision.py")
 SCALED_MARK = "_apexlite_migrate_scaled"
 
 
@@ -159,6 +161,14 @@ def install(recorder, static_scale=None):
     register_optimizer_step_post_hook(after_step)
 
 
+def count_layer_dtypes():
+    """apexlite.amp.layer_precision, loaded by path (apexlite may be refused here), counts when verify asks."""
+    spec = importlib.util.spec_from_file_location("_apexlite_verify_layer_precision", LAYER_PRECISION)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.install_from_environment()
+
+
 def _parse(argv):
     parser = argparse.ArgumentParser(prog="verify_child.py")
     parser.add_argument("--telemetry")
@@ -196,6 +206,7 @@ def main(argv):
     if not options.no_record:
         signal.signal(signal.SIGTERM, on_sigterm)
         install(recorder, options.static_scale)
+    count_layer_dtypes()
     sys.argv = [options.script, *options.args]
     sys.path[0] = options.path0 or os.path.dirname(os.path.abspath(options.script))
     exit_code = 0

@@ -264,3 +264,29 @@ def test_verify_says_a_broken_gan_migration_differs_in_its_arithmetic():
     assert "verify: the loss scaling differs" in report
     assert report.splitlines()[-1].startswith("verify: verdict: DIFFER (arithmetic): under one static loss scale "), \
         report
+
+
+DISTILL = ROOT / "tests" / "migrate" / "golden" / "distill_teacher.in.py"
+
+
+@pytest.mark.slow
+def test_verify_says_a_migration_that_left_a_training_forward_in_float32_differs():
+    """The losses agree, but the student's forward outside autocast ran in float32 where apex's O1 ran it in
+    float16: verify counts the layers' dtypes and says DIFFER (precision); the migration as made agrees, with
+    a note for the teacher's no_grad forward that runs in float32 now."""
+    result = migrate_source(DISTILL.read_bytes(), MigrateOptions(opt_level="O1"))
+    status, report = _verify(DISTILL, result, 4)
+    assert status == 0, report
+    assert "while training: original 100% (8 of 8), migrated 100% (8 of 8)" in report
+    assert "verify: note: forwards under no_grad run in float32 now" in report
+    region = b'    with torch.autocast(device_type="cpu", dtype=torch.float16):\n'
+    forward = b"        logits = student(x)\n"
+    assert result.migrated.count(region + b"        with torch.no_grad():\n            soft = teacher(x)\n" + forward) == 1
+    result.migrated = result.migrated.replace(forward, b"").replace(region, b"    logits = student(x)\n" + region)
+    status, report = _verify(DISTILL, result, 4)
+    assert status == 1, report
+    assert "while training: original 100% (8 of 8), migrated 0% (0 of 8)" in report
+    assert report.splitlines()[-1] == (
+        "verify: verdict: DIFFER (precision): the losses agree, but the migrated script ran 100% of its training "
+        "layers in float32, where the original ran 100% of them in low precision: a forward pass is outside "
+        "torch.autocast; put it under the autocast region of its loss"), report

@@ -20,4 +20,6 @@ for step in range(4):
     with amp.scale_loss(loss, optimizer) as scaled:
         scaled.backward()
     optimizer.step()
-    print(step, float(loss), soft.dtype, teacher(x).dtype)
+    with torch.no_grad():
+        again = teacher(x)
+    print(step, float(loss), soft.dtype, again.dtype)

@@ -22,7 +22,9 @@ for step in range(4):
     scaler.scale(loss).backward()
     scaler.step(optimizer)
     scaler.update()
-    # apexlite migrate: `teacher(...)` here runs in float32 now (apex's O1 ran every forward in low
-    #     precision); for that, run it under `with torch.autocast(device_type="cpu",
-    #     dtype=torch.float16):`
-    print(step, float(loss), soft.dtype, teacher(x).dtype)
+    with torch.no_grad():
+        # apexlite migrate: `teacher(...)` here runs in float32 now (apex's O1 ran every forward in low
+        #     precision); for that, run it under `with torch.autocast(device_type="cpu",
+        #     dtype=torch.float16):`
+        again = teacher(x)
+    print(step, float(loss), soft.dtype, again.dtype)

@@ -23,7 +23,7 @@ from apexlite.amp.environment import apply_environment, fit_overrides_to_level, 
 from apexlite.amp.opt_levels import Properties, banner, resolve_properties
 from apexlite.amp.o1.registry import PendingRegistrations
 from apexlite.amp.scaler import parse_scaler_state
-from apexlite.amp.telemetry import check_report_path
+from apexlite.amp.telemetry_writer import check_report_path
 from apexlite.amp.session import (
     DEFAULT_MAX_NONFINITE_LOSSES, AmpSession, ForwardScopeEnd, ForwardScopeStart, SessionOptions, current_session, log,
 )

@@ -41,7 +41,8 @@ from apexlite.amp.errors import AmpStateError
 from apexlite.amp.opt_levels import Properties
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.scaler import LossScaler, OverflowSync
-from apexlite.amp.telemetry import RunStats, telemetry_requested, track_session
+from apexlite.amp.telemetry import RunStats
+from apexlite.amp.telemetry_writer import telemetry_requested, track_session
 from apexlite.amp.weak_registry import WeakOrderedSet
 
 log = get_logger("amp")

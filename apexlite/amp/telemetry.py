@@ -6,7 +6,8 @@ Environment (read when `amp.initialize` creates the session):
                             `step()` calls, skipped overflow steps included; one log line says so.
   APEXLITE_TELEMETRY=FILE   keep samples and write the report to FILE as JSON: about once a second
                             while training, when the budget ends the run, at exit, and on SIGTERM
-                            (unless the script handles SIGTERM itself), so a killed run still reports.
+                            (unless the script handles SIGTERM itself), so a killed run still reports
+                            (apexlite.amp.telemetry_writer).
   APEXLITE_WARMUP_STEPS=K   steps left out of the step-time statistics (default 3).
 
 A run that `python -m apexlite sweep` started also pauses between steps when the sweep asks
@@ -17,14 +18,11 @@ losses stay device tensors until a report is written, so recording never syncs.
 """
 from __future__ import annotations
 
-import atexit
 import collections
 import json
 import math
 import os
 import resource
-import signal
-import threading
 import time
 import weakref
 from typing import Any, Dict, List, Optional
@@ -272,70 +270,3 @@ class RunStats:
         with open(partial, "w") as handle:
             json.dump(self.report(), handle, allow_nan=False)
         os.replace(partial, self.report_path)
-
-
-def telemetry_requested() -> bool:
-    """True when this process should keep samples and write a report."""
-    return bool(os.environ.get(TELEMETRY_ENV))
-
-
-def check_report_path() -> None:
-    """$APEXLITE_TELEMETRY, if set, must be writable: the report is written beside it (a .partial file) and
-    moved onto it. `initialize` checks it first, so a bad path is refused before anything changes rather than
-    failing inside a training step."""
-    path = os.environ.get(TELEMETRY_ENV)
-    if not path:
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        problem = "is a folder; name a file in it"
-    elif not os.path.isdir(folder):
-        problem = f"is in a folder that does not exist ({folder})"
-    elif not os.access(folder, os.W_OK | os.X_OK):
-        problem = f"is in a folder this process may not write ({folder})"
-    else:
-        return
-    raise AmpConfigError(f"{TELEMETRY_ENV}={path!r} {problem}. Unset it or fix it.")
-
-
-class _TelemetryWriter:
-    """Writes the most recent session's report to $APEXLITE_TELEMETRY at exit and on SIGTERM."""
-
-    latest: Optional[Any] = None
-    registered = False
-
-    @classmethod
-    def track(cls, session: Any) -> None:
-        path = os.environ.get(TELEMETRY_ENV)
-        if not path:
-            return
-        session.stats.attach(session, path)
-        cls.latest = session
-        if not cls.registered:
-            atexit.register(cls.write)
-            cls._flush_on_sigterm()
-            cls.registered = True
-
-    @classmethod
-    def write(cls) -> None:
-        if cls.latest is not None:
-            cls.latest.stats.flush()
-
-    @classmethod
-    def _flush_on_sigterm(cls) -> None:
-        """A run killed with SIGTERM (a sweep's timeout) still writes its report; a script's own handler wins."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, cls._write_and_terminate)
-
-    @classmethod
-    def _write_and_terminate(cls, signum: int, frame: Any) -> None:
-        try:
-            cls.write()
-        finally:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-
-track_session = _TelemetryWriter.track

@@ -14,11 +14,8 @@ apexlite.migrate.kept_comments).
 from __future__ import annotations
 
 import ast
-import builtins
 import gc
-import importlib.util
 import os
-import symtable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,11 +38,8 @@ from apexlite.migrate.options import MigrateOptions
 from apexlite.migrate.programs import FileFacts, ImportGraph, mentions_apex, python_tree, read_facts
 from apexlite.migrate.reach import Resolver, module_resolver
 from apexlite.migrate.replacements import plan_replacements
-from apexlite.migrate.soundness import undefined_reads
-from apexlite.migrate.usage import symbols_of, usage_of
-
-_BUILTINS = frozenset(dir(builtins))
-
+from apexlite.migrate.rewrite_check import Applied, soundness_error
+from apexlite.migrate.usage import usage_of
 
 @dataclass
 class MigrationResult:
@@ -88,54 +82,6 @@ def _cyclic_gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-def _compiles(source: bytes) -> Optional[str]:
-    try:
-        compile(source, "<migrated>", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as error:
-        return f"{type(error).__name__}: {error}"
-    return None
-
-
-def _symbols(source: bytes) -> Tuple[Set[str], Set[str]]:
-    """(names read and bound nowhere, builtins aside; names imported at module level), from Python's symbol
-    tables: order does not matter to them (the flow check, soundness.undefined_reads, sees order)."""
-    top = symtable.symtable(importlib.util.decode_source(source), "<migrate>", "exec")
-    tables, bound, read = [top], set(), set()
-    while tables:
-        table = tables.pop()
-        tables.extend(table.get_children())
-        for symbol in symbols_of(table):
-            name = symbol.get_name()
-            if table is top or symbol.is_declared_global():
-                if symbol.is_assigned() or symbol.is_imported():
-                    bound.add(name)
-                if symbol.is_referenced():
-                    read.add(name)
-            elif symbol.is_global() and symbol.is_referenced():  # read in a function or class, bound nowhere in it
-                read.add(name)
-    imported = {symbol.get_name() for symbol in symbols_of(top) if symbol.is_imported()}
-    return read - bound - _BUILTINS, imported
-
-
-@dataclass
-class _Applied:
-    """One file's rewrite: the first pass's output (without the import edits) and the end result."""
-
-    first: bytes
-    migrated: bytes
-
-
-def _lost_names(source: bytes, unsure: Set[str], applied: _Applied) -> Set[str]:
-    """Names the migrated script reads and binds nowhere where the original bound them before every read
-    (`unsure`: names some path of the original reads undefined), the rewrite (source -> first) and the
-    import pass (first -> migrated) apart, so the `import torch` that pass adds cannot hide a name the
-    rewrite lost."""
-    (unbound_first, imported_first), (unbound_migrated, imported_migrated) = (_symbols(applied.first),
-                                                                              _symbols(applied.migrated))
-    added = imported_migrated - imported_first  # `import torch`, added by the import pass before any use
-    return (unbound_first - _symbols(source)[0] - unsure - added) | (unbound_migrated - unbound_first)
 
 
 def _todo_lines(code: bytes, todos: List[Todo]) -> List[int]:
@@ -208,40 +154,17 @@ def _shown(keys: List[Path]):
     return shown
 
 
-def _apply(wrapper: MetadataWrapper, plan: Plan, setup: Optional[AmpSetup]) -> _Applied:
+def _apply(wrapper: MetadataWrapper, plan: Plan, setup: Optional[AmpSetup]) -> Applied:
     """The plan applied, then again with the import edits its result calls for (one more pass over the
     original tree: its import statements are the first result's)."""
     first = wrapper.visit(Applier(plan)).bytes if plan.has_edits else wrapper.module.bytes
     usage = usage_of(first)
     if usage is None:  # the rewrite does not compile: the soundness check refuses it, imports or not
-        return _Applied(first, first)
+        return Applied(first, first)
     imports = ImportPlanner(plan.analysis, setup is not None and setup.recipe == KEEP, usage).plan_all(plan.needs_torch)
     if not imports.has_edits:
-        return _Applied(first, first)
-    return _Applied(first, wrapper.visit(Applier(with_imports(plan, imports))).bytes)
-
-
-def _soundness_error(wrapper: MetadataWrapper, source: bytes, applied: _Applied) -> Tuple[Optional[str], List[str]]:
-    """(why the rewrite must not be used, names some path would read undefined that the original defined)."""
-    migrated = applied.migrated
-    if migrated == source:
-        return None, []
-    error = _compiles(migrated)
-    if error is not None and _compiles(source) is not None:  # the original did not compile either
-        error = None
-    if error is not None:
-        return error, []
-    before = undefined_reads(source)
-    lost = _lost_names(source, {name for _, name in before}, applied)
-    # a lost name bound somewhere is only read before its binding: the flow check below reports it
-    never_bound = lost & _symbols(migrated)[0] if lost else set()
-    if never_bound:
-        return (f"it would read {', '.join(sorted(never_bound))} without defining it (a migrate bug: please "
-                "report it)"), []
-    partial = sorted({name for (scope, name) in undefined_reads(migrated) if (scope, name) not in before})
-    if partial:
-        return f"it would read {', '.join(partial)} where some path leaves it undefined", partial
-    return None, []
+        return Applied(first, first)
+    return Applied(first, wrapper.visit(Applier(with_imports(plan, imports))).bytes)
 
 
 def _refusal(names: List[str], where: str) -> str:
@@ -258,7 +181,7 @@ def _migrate_group(parsed, sources: Mapping[Path, bytes], group: _Group, options
     leave a name undefined on some path, and any other failure keeps that file's original."""
     plans, setup = _plan(parsed, group, options, None, resolve)
     migrated = {key: _apply(parsed[key][0], plans[key], setup) for key in group.keys}
-    checks = {key: _soundness_error(parsed[key][0], sources[key], migrated[key]) for key in group.keys}
+    checks = {key: soundness_error(sources[key], migrated[key]) for key in group.keys}
     unsound = [(key, names) for key, (_, names) in checks.items() if names]
     if unsound and setup is not None:
         key, names = unsound[0]
@@ -268,7 +191,7 @@ def _migrate_group(parsed, sources: Mapping[Path, bytes], group: _Group, options
         for key in group.keys:  # a file amp did not change comes out as before: no need to apply it again
             if first_plans[key].merged_edits or plans[key].todos != first_plans[key].todos:
                 migrated[key] = _apply(parsed[key][0], plans[key], setup)
-                checks[key] = _soundness_error(parsed[key][0], sources[key], migrated[key])
+                checks[key] = soundness_error(sources[key], migrated[key])
     return {key: _result(sources[key], migrated[key].migrated, plans[key],
                          setup if any(is_amp(use) for use in parsed[key][1].uses) else None, checks[key][0])
             for key in group.keys}

@@ -7,7 +7,7 @@ State keys follow torch.optim.Adam so checkpoints move between torch, apex and a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -223,15 +223,21 @@ def settle_weight_decay_modes(groups: List[Dict[str, Any]], built_modes: List[bo
                      "loading.", len(differ), _mode_name(not differ[0]), _mode_name(differ[0]))
 
 
-def check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any) -> None:
-    """The constructor's checks of a group's hyper-parameters, with messages that say the valid range."""
-    if isinstance(lr, torch.Tensor):
-        raise TypeError("FusedAdam takes lr as a Python float; pass float(lr) (a tensor lr is not supported).")
-    if not 0.0 <= lr:
-        raise ValueError(f"Invalid learning rate: {lr} (must be >= 0)")
-    if not 0.0 <= eps:
-        raise ValueError(f"Invalid epsilon value: {eps} (must be >= 0)")
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"Invalid betas: {betas} (need two values, each in [0, 1))")
-    if not 0.0 <= weight_decay:
-        raise ValueError(f"Invalid weight_decay value: {weight_decay} (must be >= 0)")
+def refuse_maximize(groups: Iterable[Dict[str, Any]], where: str) -> None:
+    """torch's `maximize=True` (gradient ascent), which FusedAdam does not implement: never ignored."""
+    if any(group.get("maximize") for group in groups):
+        raise RuntimeError(f"{where} has maximize=True (torch's gradient ascent), which FusedAdam does not "
+                           "implement; use torch.optim.Adam/AdamW(maximize=True), or negate the loss.")
+
+
+def listed_once(params: List[Any]) -> List[Any]:
+    """`params`, refused when one is listed twice: torch steps it twice and warns that this will be an error;
+    a fused kernel would update it twice in one pass, racing with itself."""
+    seen: Dict[int, int] = {}
+    for index, param in enumerate(params):
+        if id(param) in seen:
+            raise ValueError(f"a param group lists one param twice (entries {seen[id(param)]} and {index}, shape "
+                             f"{tuple(param.shape)}); FusedAdam's fused step would update it twice at once. List each "
+                             "param once: model.parameters() lists a tied weight once.")
+        seen[id(param)] = index
+    return params

@@ -2,7 +2,8 @@
 the attributes apex's optimizers created for their kernels (subclasses written against apex read them)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+import functools
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 import torch
 
@@ -30,10 +31,48 @@ def clear_grads(params: Iterable[torch.Tensor], set_to_none: bool, foreach: bool
         torch._foreach_zero_(grads)
 
 
+def check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any, owner: str) -> None:
+    """The constructor's checks of a group's hyper-parameters, with messages that say the valid range."""
+    if isinstance(lr, torch.Tensor):
+        raise TypeError(f"{owner} takes lr as a Python float; pass float(lr) (a tensor lr is not supported).")
+    if not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr} (must be >= 0)")
+    if not 0.0 <= eps:
+        raise ValueError(f"Invalid epsilon value: {eps} (must be >= 0)")
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"Invalid betas: {betas} (need two values, each in [0, 1))")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay} (must be >= 0)")
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_attributes() -> frozenset:
+    """The attributes torch.optim.Optimizer itself sets (its pickled state, and the hooks it makes anew)."""
+    return frozenset(torch.optim.Optimizer([torch.zeros(1, requires_grad=True)], {}).__dict__)
+
+
 class ApexStyleOptimizer(torch.optim.Optimizer):
-    """A torch Optimizer whose `zero_grad()` defaults to the constructor's `set_grad_none`."""
+    """A torch Optimizer whose `zero_grad()` defaults to the constructor's `set_grad_none`, and whose copies
+    (`copy.deepcopy`, pickle) keep its own attributes: torch's keep only defaults, state and param_groups."""
 
     set_grad_none: bool = True
+
+    def __getstate__(self) -> Dict[str, Any]:
+        own = {key: value for key, value in self.__dict__.items()
+               if key not in _torch_attributes() and key not in self._caches()}
+        return {**super().__getstate__(), **own}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        super().__setstate__(state)  # (torch's load_state_dict calls it too, on a live optimizer: caches stay)
+        if not all(name in self.__dict__ for name in self._caches()):
+            self._make_caches()
+
+    def _caches(self) -> Tuple[str, ...]:
+        """Attributes a copy leaves out and `_make_caches` builds anew (buffers tied to the original's tensors)."""
+        return ()
+
+    def _make_caches(self) -> None:
+        """Builds the attributes `_caches` names."""
 
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         """Clears gradients; ``set_to_none`` defaults to the constructor's ``set_grad_none``."""

@@ -12,12 +12,14 @@ NOTE [flat buffers]
   the same Parameters, ``state_dict()`` keeps torch's format (one ``exp_avg``/``exp_avg_sq``/``step``
   per param) and memory holds one copy of each. Only plain Parameters that alone use their memory,
   dense, non-empty, of a supported dtype, on a device with a fused path, are flattened; the others
-  (views, tensor subclasses such as DTensor or FSDP's flat params, strided slices) take the
-  per-tensor path. The grads: NOTE [flat grads] in _flat_grads.py.
+  (views, tensor subclasses such as DTensor or FSDP's flat params, strided slices, CPU params in shared
+  memory) take the per-tensor path. The grads: NOTE [flat grads] in _flat_grads.py.
 - Checked each step at no Python cost per param (apexlite._C.flat_grads): the group's params list, each
   param's memory, each grad; a large set on a GPU in pieces, each launched once checked (_flat_runs.py).
   The state is watched (_watched_state.py): replacing a member's entries, its state dict or the
-  optimizer's ``state`` rebuilds the layout from the tensors then in place.
+  optimizer's ``state`` rebuilds the layout from the tensors then in place. A set steps from one count:
+  a counter changed in place (``state[p]["step"].zero_()``) rebuilds it on the CPU (one min/max per set);
+  on a GPU that check would wait for the device, so there such a change is not seen: assign instead.
   A param without grad, a grad of another dtype, a replaced ``.data`` (``model.half()``) or a changed
   params list send the step down the per-tensor path once and rebuild the layout at the next step,
   re-reading the step counters (one host sync). A group that still changes after MAX_REBUILDS
@@ -285,10 +287,16 @@ class FlatBuffers:
 
 
 def _outdated(layout: GroupLayout) -> bool:
-    """Whether a member's state was replaced, or (before any set exists: a first step) a waiting param has a grad."""
+    """Whether a member's state was replaced, a step counter on the CPU changed in place (its set steps from
+    one count: NOTE [flat buffers]), or (before any set exists: a first step) a waiting param has a grad."""
     for flat_set in layout.sets:
         if flat_set.watch.dirty:
             return True
+        steps = flat_set.steps
+        if steps.device.type == "cpu" and len(steps) > 1:
+            low, high = steps.aminmax()
+            if bool(low != high):
+                return True
     return not layout.sets and any(p.grad is not None for p in layout.waiting)
 
 

@@ -35,8 +35,11 @@ class OwnedBuffers:
 
 def flattenable(param: torch.Tensor, has_fused_path: Callable[[torch.device], bool], owned: OwnedBuffers) -> bool:
     """A plain Parameter on dense memory of its own (or in one of our buffers), of a dtype and on a
-    device the fused paths take."""
+    device the fused paths take; not in shared memory (`model.share_memory()`: Hogwild's processes share the
+    param's own storage, which a buffer would replace in this process only)."""
     if type(param) not in (torch.nn.Parameter, torch.Tensor) or param.layout != torch.strided:
+        return False
+    if param.device.type == "cpu" and param.is_shared():  # (a CUDA tensor always says shared)
         return False
     if param.dtype not in adam_state.SUPPORTED_DTYPES or param.numel() == 0 or param.is_inference():
         return False

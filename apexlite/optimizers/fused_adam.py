@@ -9,7 +9,7 @@ import torch
 from apexlite._logging import get_logger
 from apexlite.optimizers import _adam_state as adam_state
 from apexlite.optimizers import multi_tensor
-from apexlite.optimizers._base import ApexStyleOptimizer, clear_grads
+from apexlite.optimizers._base import ApexStyleOptimizer, check_hyper, clear_grads
 from apexlite.optimizers._adam_step import (IMPLEMENTATIONS, bump_versions, flag_on, fused_adam_flat_grad_list_step,
                                             fused_adam_flat_step, fused_adam_step, resolve)
 from apexlite.optimizers._flat_buffers import FlatBuffers
@@ -72,7 +72,7 @@ class FusedAdam(ApexStyleOptimizer):
     ) -> None:
         if amsgrad:
             raise RuntimeError("FusedAdam does not implement AMSGrad; use torch.optim.Adam(amsgrad=True).")
-        adam_state.check_hyper(lr, betas, eps, weight_decay)
+        check_hyper(lr, betas, eps, weight_decay, "FusedAdam")
         if exp_avg_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"exp_avg_dtype must be torch.float32 or torch.bfloat16, got {exp_avg_dtype}")
         if implementation not in IMPLEMENTATIONS:
@@ -85,8 +85,8 @@ class FusedAdam(ApexStyleOptimizer):
         self.master_weights = master_weights
         self.exp_avg_dtype = exp_avg_dtype
         self.implementation = implementation
-        self._workspace = Workspace()  # scratch of the torch fused path, reused between steps
-        self._flat = FlatBuffers(enabled=flat_buffers)
+        self.flat_buffers = flat_buffers
+        self._make_caches()
         # apex's instance attributes, which subclasses written against apex read (e.g. fairseq's
         # FusedAdamV2 calls self.multi_tensor_adam itself); each group also carries its adam_w_mode
         self.adam_w_mode = 1 if adam_w_mode else 0
@@ -95,6 +95,15 @@ class FusedAdam(ApexStyleOptimizer):
         self.multi_tensor_adam_capturable = multi_tensor.multi_tensor_adam_capturable
         self.multi_tensor_adam_capturable_master = multi_tensor.multi_tensor_adam_capturable_master
 
+    def _caches(self) -> Tuple[str, ...]:
+        return ("_workspace", "_flat")
+
+    def _make_caches(self) -> None:
+        """The torch fused path's scratch, reused between steps, and the flat buffers (a copy builds its own
+        from its params at its first step)."""
+        self._workspace = Workspace()
+        self._flat = FlatBuffers(enabled=self.flat_buffers)
+
     @property
     def param_groups_master(self) -> List[Dict[str, List[Optional[torch.Tensor]]]]:
         """apex's view of the masters: per group, each param's fp32 master or None."""
@@ -102,10 +111,13 @@ class FusedAdam(ApexStyleOptimizer):
                             for p in group["params"]]} for group in self.param_groups]
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
-        """Adds a group (torch semantics); its hyper-parameters are validated like the constructor's."""
+        """Adds a group (torch semantics); its hyper-parameters and params are validated first, as the constructor's."""
+        given = {key: param_group.get(key, self.defaults.get(key)) for key in ("lr", "betas", "eps", "weight_decay")}
+        check_hyper(**given, owner="FusedAdam")
+        params = param_group["params"]
+        if not isinstance(params, (torch.Tensor, set)):  # (torch refuses a set itself)
+            param_group = {**param_group, "params": adam_state.listed_once(list(params))}
         super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        adam_state.check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
 
     def enable_master_weights(self, initial_masters: Optional[Mapping[torch.Tensor, torch.Tensor]] = None) -> None:
         """Switches master weights on for an optimizer whose params are (now) fp16/bf16.
@@ -148,6 +160,7 @@ class FusedAdam(ApexStyleOptimizer):
         if any(group.get("amsgrad") for group in state_dict["param_groups"]):
             raise RuntimeError("this checkpoint comes from an AMSGrad optimizer; FusedAdam does not implement "
                                "AMSGrad, load it into torch.optim.Adam(amsgrad=True) instead.")
+        adam_state.refuse_maximize(state_dict["param_groups"], "this checkpoint")
         ids = [pid for group in state_dict["param_groups"] for pid in group["params"]]
         params = [p for group in self.param_groups for p in group["params"]]
         by_id = dict(zip(ids, params))
@@ -192,11 +205,13 @@ class FusedAdam(ApexStyleOptimizer):
             for group in self.param_groups:
                 clear_grads(self._flat.clear_grads(group, set_to_none), set_to_none, foreach)
 
+    @torch._disable_dynamo  # torch.compile would trace the flat buffers' bookkeeping and drop its state writes
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], Any]] = None, **legacy: Any) -> Any:
         """Performs one optimisation step; returns the closure's loss when a closure is given."""
         if legacy:
             self._reject_legacy_arguments(legacy)
+        adam_state.refuse_maximize(self.param_groups, "a param group")
         loss = self._closure_loss(closure)
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)

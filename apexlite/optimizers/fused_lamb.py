@@ -6,7 +6,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from apexlite.optimizers import multi_tensor
-from apexlite.optimizers._base import ApexStyleOptimizer
+from apexlite.optimizers._base import ApexStyleOptimizer, check_hyper
 from apexlite.optimizers._lamb_rule import lamb_update
 
 _SUPPORTED = (torch.float16, torch.float32, torch.bfloat16)
@@ -33,9 +33,7 @@ class FusedLAMB(ApexStyleOptimizer):
                  set_grad_none: bool = True, max_grad_norm: float = 1.0, use_nvlamb: bool = False) -> None:
         if amsgrad:
             raise RuntimeError("FusedLAMB does not support the AMSGrad variant.")
-        if lr < 0.0 or eps < 0.0 or weight_decay < 0.0:
-            raise ValueError(f"Invalid FusedLAMB hyper-parameter: lr={lr}, eps={eps}, weight_decay={weight_decay} "
-                             "(each must be >= 0)")
+        check_hyper(lr, betas, eps, weight_decay, owner=type(self).__name__)
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
                         weight_decay=weight_decay, grad_averaging=grad_averaging, max_grad_norm=max_grad_norm)
         super().__init__(params, defaults)

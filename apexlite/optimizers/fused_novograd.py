@@ -6,7 +6,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from apexlite.optimizers import multi_tensor
-from apexlite.optimizers._base import ApexStyleOptimizer
+from apexlite.optimizers._base import ApexStyleOptimizer, check_hyper
 from apexlite.optimizers._novograd_rule import DECOUPLED_MODE, INSIDE_MOMENT_MODE, novograd_update
 
 _REDUCED = (torch.float16, torch.bfloat16)
@@ -31,6 +31,7 @@ class FusedNovoGrad(ApexStyleOptimizer):
             raise RuntimeError("FusedNovoGrad does not support the AMSGrad variant.")
         if norm_type not in (0, 2):
             raise RuntimeError(f"FusedNovoGrad supports norm_type 2 (L2) and 0 (max-abs); got {norm_type}.")
+        check_hyper(lr, betas, eps, weight_decay, owner="FusedNovoGrad")
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
                         weight_decay=weight_decay, grad_averaging=grad_averaging, norm_type=norm_type,
                         init_zero=init_zero)

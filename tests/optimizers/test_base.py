@@ -1,0 +1,63 @@
+"""What apexlite's optimizers share (_base.py): copies (`copy.deepcopy`, pickle) that keep their own
+attributes and train on exactly as the original does, and the hyper-parameter checks, for every optimizer."""
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+
+from apexlite.optimizers import FusedAdagrad, FusedAdam, FusedLAMB, FusedMixedPrecisionLamb, FusedNovoGrad, FusedSGD
+
+OPTIMIZERS = [
+    (FusedAdam, {}), (FusedAdam, {"flat_buffers": False}), (FusedAdam, {"implementation": "torch"}),
+    (FusedSGD, {"lr": 0.1, "momentum": 0.9, "set_grad_none": False, "wd_after_momentum": True}),
+    (FusedLAMB, {"adam_w_mode": False}), (FusedNovoGrad, {"reg_inside_moment": True}),
+    (FusedAdagrad, {"adagrad_w_mode": True}), (FusedMixedPrecisionLamb, {}),
+]
+IDS = [f"{cls.__name__}{''.join(f'-{k}' for k in kwargs)}" for cls, kwargs in OPTIMIZERS]
+
+
+def _train(model, optimizer, inputs):
+    optimizer.zero_grad()
+    model(inputs).pow(2).mean().backward()
+    optimizer.step()
+
+
+def _copy(kind, pair):
+    return copy.deepcopy(pair) if kind == "deepcopy" else pickle.loads(pickle.dumps(pair))
+
+
+@pytest.mark.parametrize("kind", ["deepcopy", "pickle"])
+@pytest.mark.parametrize("cls,kwargs", OPTIMIZERS, ids=IDS)
+def test_a_copy_keeps_its_attributes_and_trains_on_like_the_original(kind, cls, kwargs):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    optimizer = cls(model.parameters(), **kwargs)
+    inputs = [torch.randn(5, 4) for _ in range(4)]
+    _train(model, optimizer, inputs[0])
+    model_copy, optimizer_copy = _copy(kind, (model, optimizer))
+    own = {key: value for key, value in vars(optimizer).items()
+           if key in ("set_grad_none", "adam_w_mode", "wd_after_momentum", "moment_mode", "adagrad_w_mode",
+                      "flat_buffers", "implementation", "reduced_precision_dtype")}
+    assert own and {key: getattr(optimizer_copy, key) for key in own} == own
+    for batch in inputs[1:]:
+        _train(model, optimizer, batch)
+        _train(model_copy, optimizer_copy, batch)
+    for original, copied in zip(model.parameters(), model_copy.parameters()):
+        assert copied.data_ptr() != original.data_ptr()
+        assert torch.equal(copied, original)
+    assert optimizer_copy.param_groups[0]["params"][0] is next(model_copy.parameters())
+
+
+HYPER_CASES = [({"lr": -1.0}, "Invalid learning rate"), ({"eps": -1.0}, "Invalid epsilon"),
+               ({"betas": (1.5, 0.9)}, "Invalid betas"), ({"betas": (0.9, 1.0)}, "Invalid betas"),
+               ({"weight_decay": -0.1}, "Invalid weight_decay")]
+
+
+@pytest.mark.parametrize("cls", [FusedAdam, FusedLAMB, FusedNovoGrad, FusedMixedPrecisionLamb])
+@pytest.mark.parametrize("bad,message", HYPER_CASES)
+def test_hyper_parameters_out_of_range_are_refused(cls, bad, message):
+    with pytest.raises(ValueError, match=message):
+        cls([torch.nn.Parameter(torch.zeros(2))], **bad)

@@ -11,6 +11,13 @@ from apexlite.amp.opt_levels import Properties
 _PARALLEL_WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
 
 
+def check_cast_model_outputs(value: Any) -> None:
+    """None, or the floating torch.dtype every model output is cast to (apex took the dtype object only)."""
+    if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
+        raise AmpConfigError(f"cast_model_outputs must be a floating torch.dtype such as torch.float32, or None; got "
+                             f"{value!r}" + (f" (write torch.{value})" if isinstance(value, str) else "") + ".")
+
+
 def check_scalar_arguments(num_losses: Any, verbosity: Any, min_loss_scale: Any, max_loss_scale: Any) -> None:
     if not isinstance(num_losses, int) or isinstance(num_losses, bool) or num_losses < 1:
         raise AmpConfigError(f"num_losses must be an int >= 1 (one loss scaler per loss_id); got {num_losses!r}.")

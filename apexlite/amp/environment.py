@@ -91,3 +91,20 @@ def loss_scale_from_environment(loss_scale: Any) -> Any:
                                  "Unset it or fix it.")
     log.info("%s=%s overrides loss_scale=%r", LOSS_SCALE_ENV, env_scale, loss_scale)
     return env_scale
+
+
+def settle_model_dtype(cast_model_type: Any, dtype: Any, low_dtype: torch.dtype) -> Tuple[Any, torch.dtype]:
+    """A low-precision `cast_model_type` and the session's dtype (which picks the loss scale) must name one
+    dtype: APEXLITE_DTYPE replaces both (logged); the script's own `dtype=` and `cast_model_type=` that
+    disagree are refused; `cast_model_type` alone sets the dtype. Returns both, settled."""
+    if cast_model_type not in LOW_PRECISION_DTYPES or cast_model_type == low_dtype:
+        return cast_model_type, low_dtype
+    if os.environ.get(DTYPE_ENV):
+        log.info("%s=%s also replaces the script's cast_model_type=%s", DTYPE_ENV, os.environ[DTYPE_ENV],
+                 cast_model_type)
+        return low_dtype, low_dtype
+    if dtype is not None:
+        raise AmpConfigError(f"cast_model_type={cast_model_type} and dtype={low_dtype} disagree: the model would be "
+                             f"cast to one while the loss scale is chosen for the other. Pass dtype= alone (it sets "
+                             "the model's type at O2/O3 too), or make them the same.")
+    return cast_model_type, cast_model_type

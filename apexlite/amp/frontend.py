@@ -19,7 +19,8 @@ from apexlite.amp.legacy_state import legacy_flags
 from apexlite.amp.master import MasterParams
 from apexlite.amp.model_cast import cast_model, install_forward_scope, install_io_casts
 from apexlite.amp.o1.patches import set_o1_patches
-from apexlite.amp.environment import apply_environment, fit_overrides_to_level, loss_scale_from_environment
+from apexlite.amp.environment import (apply_environment, fit_overrides_to_level, loss_scale_from_environment,
+                                      settle_model_dtype)
 from apexlite.amp.opt_levels import Properties, banner, resolve_properties
 from apexlite.amp.o1.registry import PendingRegistrations
 from apexlite.amp.scaler import parse_scaler_state
@@ -62,6 +63,8 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
     if not enabled:
         properties = defaults = Properties()
     else:
+        checks.check_cast_model_outputs(cast_model_outputs)
+        cast_model_type, low_dtype = settle_model_dtype(cast_model_type, dtype, low_dtype)
         overrides = dict(cast_model_type=cast_model_type, patch_torch_functions=patch_torch_functions,
                          keep_batchnorm_fp32=keep_batchnorm_fp32, master_weights=master_weights,
                          loss_scale=loss_scale)

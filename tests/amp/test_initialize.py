@@ -57,6 +57,8 @@ BAD_OVERRIDES = [
     (dict(opt_level="O1", num_losses=0), "num_losses"),
     (dict(opt_level="O1", dtype=torch.float64), "dtype"),
     (dict(opt_level="O1", min_loss_scale=2.0 ** 20, max_loss_scale=2.0 ** 10), "min_loss_scale"),
+    (dict(opt_level="O2", cast_model_type=torch.float16, dtype=torch.bfloat16), "disagree"),
+    (dict(opt_level="O1", cast_model_outputs="float16"), r"cast_model_outputs .* \(write torch.float16\)"),
 ]
 
 
@@ -146,6 +148,25 @@ def test_environment_overrides_level_and_dtype(monkeypatch, caplog):
     assert current_session().properties.opt_level == "O2"
     assert model[0].weight.dtype is torch.bfloat16
     assert "APEXLITE_OPT_LEVEL=O2" in caplog.text
+
+
+def test_cast_model_type_alone_sets_the_dtype_and_its_loss_scale():
+    model, opt = model_opt()
+    amp.initialize(model, opt, opt_level="O2", cast_model_type=torch.bfloat16, verbosity=0)
+    assert model[0].weight.dtype is torch.bfloat16
+    assert current_session().dtype is torch.bfloat16 and current_session().properties.loss_scale == 1.0
+
+
+def test_the_environment_dtype_replaces_the_scripts_cast_model_type_too(monkeypatch, caplog):
+    """A script written for fp16 (cast_model_type=torch.float16) run with APEXLITE_DTYPE=bfloat16: a bf16 model
+    with bf16's loss scale, not an fp16 model under a loss scale chosen for bf16."""
+    monkeypatch.setenv("APEXLITE_DTYPE", "bfloat16")
+    model, opt = model_opt()
+    with caplog.at_level(logging.INFO, logger="apexlite"):
+        amp.initialize(model, opt, opt_level="O2", cast_model_type=torch.float16, verbosity=0)
+    assert model[0].weight.dtype is torch.bfloat16 and current_session().properties.cast_model_type is torch.bfloat16
+    assert current_session().properties.loss_scale == 1.0
+    assert "APEXLITE_DTYPE=bfloat16 also replaces the script's cast_model_type=torch.float16" in caplog.text
 
 
 def test_environment_level_and_dtype_are_said_to_be_ignored_when_the_script_disables_amp(monkeypatch, caplog):

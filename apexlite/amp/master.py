@@ -161,6 +161,13 @@ class MasterParams:
 
     def before_step(self) -> None:
         self.sync_from_model()
+        if not any(master.grad is not None for master in self.masters) and any(
+                param.grad is not None for param in self.model_params):
+            raise AmpUsageError(
+                "optimizer.step() found grads on the model's low-precision params but none on the fp32 master "
+                "params the optimizer updates (O2): the backward ran outside amp.scale_loss, so this step would "
+                "change nothing. Run it as `with amp.scale_loss(loss, optimizer) as scaled_loss: "
+                "scaled_loss.backward()`.")
         self.update_finished = False
         self._model_follows = False
 

@@ -316,3 +316,22 @@ def test_o2_loads_an_apex_checkpoint_without_masters():
         value = saved_model[name]
         assert torch.equal(master, value if name.startswith("1.") else value.half().float())
     assert current_session().loss_scalers[0].state_dict() == {"loss_scale": 512.0, "unskipped": 5}
+
+
+@pytest.mark.parametrize("optimizer_class", [torch.optim.SGD, torch.optim.Adam])
+def test_a_backward_outside_scale_loss_is_refused_at_the_step_rather_than_training_nothing(optimizer_class):
+    """O2 steps the fp32 masters, whose grads only amp.scale_loss fills: a plain backward left them empty and
+    the step changed nothing, silently (apex too). Refused, nothing changed; the right loop then trains."""
+    model = mlp()
+    optimizer = optimizer_class(model.parameters(), lr=0.1)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", dtype=torch.bfloat16, verbosity=0)
+    weights = [p.detach().clone() for p in model.parameters()]
+    model(torch.randn(6, 4)).float().sum().backward()
+    with pytest.raises(RuntimeError, match="the backward ran outside amp.scale_loss"):
+        optimizer.step()
+    assert all(torch.equal(before, p) for before, p in zip(weights, model.parameters()))
+    optimizer.zero_grad()
+    with amp.scale_loss(model(torch.randn(6, 4)).float().sum(), optimizer) as scaled:
+        scaled.backward()
+    optimizer.step()
+    assert not torch.equal(weights[0], model[0].weight)

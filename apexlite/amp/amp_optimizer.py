@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 log = get_logger("amp")
 
 OVERFLOW_MESSAGE = "Gradient overflow.  Skipping step, loss scaler {} reducing loss scale to {}"
+LAZY_INIT_METHODS = ("_lazy_init_maybe_master_weights", "_amp_lazy_init")
 STATIC_OVERFLOW_MESSAGE = "Gradient overflow.  Skipping step, loss scaler {} keeps its static loss scale {}"
 
 
@@ -56,6 +57,8 @@ class AmpOptimizer:
         what it needs, all through the session's Patcher."""
         patcher = self.session.patcher
         patcher.set_attribute(self.optimizer, "_amp_stash", self)
+        for name in LAZY_INIT_METHODS:  # apex's private methods that scripts call (BERT's resume)
+            patcher.set_attribute(self.optimizer, name, self.grads.lazy_init)
         casts_active = self.session.patches_torch or self.session.cast_state.active
         if replaces_step(self.optimizer, self.has_masters, casts_active):
             # on an instance, the recorded original is the bound step the optimizer had before

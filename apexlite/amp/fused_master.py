@@ -155,6 +155,10 @@ class FusedMasterGrads:
             param.grad = grad
         self._stash = []
 
+    def lazy_init(self) -> None:
+        """The masters take the model's weights where they changed since initialize (MasterSync's first use)."""
+        self.sync_from_model()
+
     def before_step(self) -> None:
         self.sync_from_model()
         self.update_finished = False

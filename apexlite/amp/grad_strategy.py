@@ -43,6 +43,10 @@ class GradStrategy(Protocol):
     def master_pairs(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """(model param, fp32 master) pairs; empty where the optimizer steps the model params."""
 
+    def lazy_init(self) -> None:
+        """apex's lazy master init, which scripts call as `optimizer._lazy_init_maybe_master_weights()` (BERT's
+        resume): the masters take the model's weights as they are now; nothing where there are no masters."""
+
     def before_step(self) -> None:
         """The optimizer's update is about to run."""
 

@@ -159,6 +159,10 @@ class MasterParams:
         """(model param, fp32 master) for every low-precision param the optimizer trains."""
         return list(zip(self.model_params, self.masters))
 
+    def lazy_init(self) -> None:
+        """The masters take the model's weights where they changed since initialize (MasterSync's first use)."""
+        self.sync_from_model()
+
     def before_step(self) -> None:
         self.sync_from_model()
         if not any(master.grad is not None for master in self.masters) and any(

@@ -94,6 +94,9 @@ class PlainGrads:
         """(model param, fp32 master) pairs: none, the optimizer steps the model params."""
         return []
 
+    def lazy_init(self) -> None:
+        """No masters here: nothing to build."""
+
     def before_step(self) -> None:
         pass
 

@@ -158,3 +158,39 @@ def test_masters_in_per_param_state_survive_torch_load_and_are_restored_at_initi
         assert all("master_param" not in state for state in adam.state.values())
     finally:
         amp.deinitialize()
+
+
+OPTIMIZERS = TORCH_OPTIMIZERS + [("fused_adam", lambda params: FusedAdam(params, lr=1e-2))]
+
+
+@pytest.mark.parametrize("make_optimizer", [o[1] for o in OPTIMIZERS], ids=[o[0] for o in OPTIMIZERS])
+def test_nvidia_berts_resume_with_apexs_private_lazy_init_resumes_exactly(make_optimizer):
+    """DeepLearningExamples' BERT: `optimizer._lazy_init_maybe_master_weights()`, `_amp_stash.lazy_init_called =
+    True`, load the optimizer, then copy the saved `amp.master_params` back; the methods go at deinitialize."""
+    model = _model()
+    optimizer = make_optimizer(model.parameters())
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0)
+    try:
+        _steps(model, optimizer, 3, seed=1)
+        checkpoint = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                    "master params": list(amp.master_params(optimizer))})
+        _steps(model, optimizer, 4, seed=2)
+        reference = [m.detach().clone() for m in amp.master_params(optimizer)]
+    finally:
+        amp.deinitialize()
+    model = _model()
+    optimizer = make_optimizer(model.parameters())
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0)
+    try:
+        model.load_state_dict(checkpoint["model"])
+        optimizer._lazy_init_maybe_master_weights()
+        optimizer._amp_stash.lazy_init_called = True
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        for master, saved in zip(amp.master_params(optimizer), checkpoint["master params"]):
+            master.data.copy_(saved.data)
+        _steps(model, optimizer, 4, seed=2)
+        for got, want in zip(amp.master_params(optimizer), reference):
+            assert torch.equal(got, want)
+    finally:
+        amp.deinitialize()
+    assert not hasattr(optimizer, "_lazy_init_maybe_master_weights") and not hasattr(optimizer, "_amp_lazy_init")

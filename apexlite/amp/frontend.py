@@ -71,7 +71,7 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
         if opt_level != script_level:
             overrides = fit_overrides_to_level(overrides, opt_level, script_level)
         defaults = resolve_properties(opt_level, low_dtype, {})
-        properties = resolve_properties(opt_level, low_dtype, overrides)
+        properties = resolve_properties(opt_level, low_dtype, overrides, legacy_flags.hard_override)
         _validate(properties, opt_level, model_list, optimizer_list, min_loss_scale, max_loss_scale, existing)
 
     options = SessionOptions(properties, low_dtype, verbosity, num_losses, min_loss_scale, max_loss_scale,

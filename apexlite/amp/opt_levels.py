@@ -8,7 +8,10 @@ from typing import Any, Dict, Mapping, Optional, Union
 
 import torch
 
+from apexlite._logging import get_logger
 from apexlite.amp.errors import AmpConfigError
+
+log = get_logger("amp")
 
 LossScale = Union[float, str]
 
@@ -129,7 +132,7 @@ def _parse_loss_scale(value: Any) -> LossScale:
     return scale
 
 
-def _check_cast_model_type(props: Properties, value: Any) -> Any:
+def _check_cast_model_type(props: Properties, value: Any, waived: str = "") -> Any:
     if value is False or value is None:
         return value
     if not isinstance(value, torch.dtype) or not value.is_floating_point:
@@ -140,7 +143,7 @@ def _check_cast_model_type(props: Properties, value: Any) -> Any:
         raise AmpConfigError(
             "cast_model_type must stay None with opt_level='O1': O1 casts around torch functions and "
             "keeps the model weights in fp32. To cast the model itself, use opt_level='O2' or 'O3'. "
-            f"cast_model_type was {value}"
+            f"cast_model_type was {value}" + waived
         )
     return value
 
@@ -160,43 +163,56 @@ def applies_at(name: str, value: Any, opt_level: str) -> bool:
     return True
 
 
-def resolve_properties(opt_level: str, dtype: torch.dtype, overrides: Dict[str, Any]) -> Properties:
+def resolve_properties(opt_level: str, dtype: torch.dtype, overrides: Dict[str, Any],
+                       hard_override: bool = False) -> Properties:
     """Apply the non-None `overrides` to the level's defaults, validating each one by name.
 
     Raises AmpConfigError (a RuntimeError and a ValueError) naming the option, the bad value and the fix.
+    With `hard_override` (apex's `amp._amp_state.hard_override`), keep_batchnorm_fp32 or master_weights set
+    at O1 is only warned about, as apex did, and left out: O1 keeps an fp32 model, where neither changes
+    anything. A model cast or patched functions at a level apex refused them stay refused (apexlite does
+    not run those mixtures).
     """
     props = defaults_for(opt_level, dtype)
     for name in OPTION_ORDER[2:]:
         value = overrides.get(name)
         if value is None:
             continue
+        waived = " (amp._amp_state.hard_override does not waive this: apexlite does not run that mixture)" \
+            if hard_override else ""
         if name == "cast_model_type":
-            value = _check_cast_model_type(props, value)
+            value = _check_cast_model_type(props, value, waived)
         elif name == "patch_torch_functions":
             if not applies_at(name, value, props.opt_level):
                 raise AmpConfigError(
                     "patch_torch_functions=True is only valid with opt_level='O1' "
-                    f"(opt_level is {props.opt_level}); select O1 instead of overriding it."
+                    f"(opt_level is {props.opt_level}); select O1 instead of overriding it." + waived
                 )
             value = bool(value)
         elif name == "keep_batchnorm_fp32":
             value = _parse_bool_option(name, value)
             if not applies_at(name, value, props.opt_level):
-                raise AmpConfigError(
+                _refuse_unless_overridden(
                     "keep_batchnorm_fp32 must stay None with opt_level='O1': O1 already runs batchnorm "
-                    f"in fp32. keep_batchnorm_fp32 was {value}"
-                )
+                    f"in fp32. keep_batchnorm_fp32 was {value}", hard_override)
+                continue
         elif name == "master_weights":
             value = _parse_bool_option(name, value)
             if not applies_at(name, value, props.opt_level):
-                raise AmpConfigError(
+                _refuse_unless_overridden(
                     "master_weights must stay None with opt_level='O1': O1 keeps the model weights in "
-                    "fp32, so they are already the master weights."
-                )
+                    "fp32, so they are already the master weights.", hard_override)
+                continue
         elif name == "loss_scale":
             value = _parse_loss_scale(value)
         props = dataclasses.replace(props, **{name: value})
     return props
+
+
+def _refuse_unless_overridden(message: str, hard_override: bool) -> None:
+    if not hard_override:
+        raise AmpConfigError(message)
+    log.warning("Warning:  %s (amp._amp_state.hard_override: left out)", message)
 
 
 def option_lines(props: Properties) -> list:

@@ -150,6 +150,25 @@ def test_environment_overrides_level_and_dtype(monkeypatch, caplog):
     assert "APEXLITE_OPT_LEVEL=O2" in caplog.text
 
 
+@pytest.mark.parametrize("option", ["keep_batchnorm_fp32", "master_weights"])
+def test_hard_override_turns_an_o1_option_that_changes_nothing_into_a_warning(monkeypatch, caplog, option):
+    """apex's amp._amp_state.hard_override: warn instead of raising; at O1 (an fp32 model) the option is left out."""
+    monkeypatch.setattr(amp._amp_state, "hard_override", True)
+    model, opt = model_opt()
+    with caplog.at_level(logging.WARNING, logger="apexlite"):
+        amp.initialize(model, opt, opt_level="O1", verbosity=0, **{option: True})
+    assert getattr(current_session().properties, option) is None and model[0].weight.dtype is torch.float32
+    assert f"Warning:  {option} must stay None with opt_level='O1'" in caplog.text
+
+
+@pytest.mark.parametrize("level,option", [("O1", dict(cast_model_type=torch.float16)),
+                                          ("O2", dict(patch_torch_functions=True))])
+def test_hard_override_does_not_waive_a_mixture_apexlite_does_not_run(monkeypatch, level, option):
+    monkeypatch.setattr(amp._amp_state, "hard_override", True)
+    with pytest.raises(AmpConfigError, match="hard_override does not waive this"):
+        amp.initialize(*model_opt(), opt_level=level, verbosity=0, **option)
+
+
 def test_cast_model_type_alone_sets_the_dtype_and_its_loss_scale():
     model, opt = model_opt()
     amp.initialize(model, opt, opt_level="O2", cast_model_type=torch.bfloat16, verbosity=0)

@@ -23,25 +23,37 @@ def _cast_floating(dtype: torch.dtype):
     return cast
 
 
+def _cast_object(dtype: torch.dtype):
+    """apex's rule for other values with a `.to` method (a batch class): `value.to(dtype)`. A module passed
+    to a forward is left alone (`.to` would cast it in place)."""
+    def cast(value: Any) -> Any:
+        to = getattr(value, "to", None)
+        return to(dtype) if callable(to) and not isinstance(value, torch.nn.Module) else value
+
+    return cast
+
+
 class CastInputs:
-    """Forward pre-hook: floating tensor inputs (args and kwargs, nested) to the model's dtype."""
+    """Forward pre-hook: floating tensor inputs (args and kwargs, nested) to the model's dtype, and other
+    inputs with a `.to` method through it, as apex's O2/O3 did."""
 
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
 
     def __call__(self, module, args, kwargs):
-        cast = _cast_floating(self.dtype)
-        return map_tensors(tuple(args), cast), map_tensors(dict(kwargs), cast)
+        cast, cast_object = _cast_floating(self.dtype), _cast_object(self.dtype)
+        return map_tensors(tuple(args), cast, cast_object), map_tensors(dict(kwargs), cast, cast_object)
 
 
 class CastOutputs:
-    """Forward hook: floating tensor outputs (nested) to `dtype` (fp32 unless cast_model_outputs)."""
+    """Forward hook: floating tensor outputs (nested) to `dtype` (fp32 unless cast_model_outputs), and other
+    outputs with a `.to` method through it."""
 
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
 
     def __call__(self, module, args, output):
-        return map_tensors(output, _cast_floating(self.dtype))
+        return map_tensors(output, _cast_floating(self.dtype), _cast_object(self.dtype))
 
 
 class Fp32StateDict:

@@ -49,24 +49,26 @@ class CastPolicy(enum.Enum):
     BANNED = "refuse low-precision inputs with an explanation"
 
 
-def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply `fn` to every tensor in a nested structure; NOTE [walking arguments]."""
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor],
+                other: Optional[Callable[[Any], Any]] = None) -> Any:
+    """Apply `fn` to every tensor in a nested structure, and `other` (when given) to every other leaf;
+    NOTE [walking arguments]."""
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, (list, tuple)):
         items = tuple(value)
-        mapped = [map_tensors(item, fn) for item in items]
+        mapped = [map_tensors(item, fn, other) for item in items]
         if all(map(operator.is_, mapped, items)):
             return value
         return rebuild(value, mapped)
     if isinstance(value, dict):
         pairs = tuple(dict.items(value))  # one read: keys and values from the same moment
         items = [item for _, item in pairs]
-        mapped = [map_tensors(item, fn) for item in items]
+        mapped = [map_tensors(item, fn, other) for item in items]
         if all(map(operator.is_, mapped, items)):
             return value
         return rebuild(value, [(key, item) for (key, _), item in zip(pairs, mapped)])
-    return value
+    return value if other is None else other(value)
 
 
 def rebuild(container: Any, items: List[Any]) -> Any:

@@ -5,9 +5,11 @@ from typing import Any, List, Optional
 
 import torch
 
+from apexlite._logging import get_logger
 from apexlite.amp.errors import AmpConfigError, AmpUsageError
 from apexlite.amp.opt_levels import Properties
 
+log = get_logger("amp")
 _PARALLEL_WRAPPERS = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
 
 
@@ -202,18 +204,30 @@ def check_params_fp32(models: List[torch.nn.Module], properties: Properties) -> 
 
 
 def check_optimizer_params_in_models(optimizers: List[Any], models: List[torch.nn.Module]) -> None:
-    """Under a model cast, every optimizer param must belong to a model, or it would not be cast."""
+    """Under a model cast, an optimizer none of whose params belongs to a model passed to initialize was built
+    for another model (a copy, an earlier instance): refused. Params outside the models beside model params
+    (a learned loss weight) must be fp32; they stay so and are stepped directly, as apex did (logged)."""
     owned = {id(p) for model in models for p in model.parameters()}
     for optimizer in optimizers:
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                if id(param) not in owned:
-                    raise AmpUsageError(
-                        f"{type(optimizer).__name__} holds a parameter of shape {tuple(param.shape)} that "
-                        "is not a parameter of any model passed to amp.initialize, so the model cast "
-                        "would not reach it. Build the optimizer from model.parameters() and pass that "
-                        "model (or all models, as a list) to amp.initialize."
-                    )
+        params = [param for group in optimizer.param_groups for param in group["params"]]
+        outside = [param for param in params if id(param) not in owned]
+        if not outside:
+            continue
+        name = type(optimizer).__name__
+        if len(outside) == len(params):
+            raise AmpUsageError(
+                f"none of the {len(params)} parameters {name} holds belongs to a model passed to amp.initialize, "
+                "so the model cast would not reach them and training would not change the model. Build the "
+                "optimizer from model.parameters() and pass that model (or all models, as a list) to "
+                "amp.initialize.")
+        low = [tuple(param.shape) for param in outside if param.dtype is not torch.float32]
+        if low:
+            raise AmpUsageError(
+                f"{name} holds parameters that belong to no model passed to amp.initialize and are not float32 "
+                f"(shapes {low}); keep such parameters in float32 (they are stepped as they are), or pass their "
+                "module to amp.initialize with the model.")
+        log.info("%s: %d parameter(s) outside the models (shapes %s) stay float32 and are stepped directly, as "
+                 "apex did", name, len(outside), [tuple(param.shape) for param in outside][:5])
 
 
 def sparse_grad_error() -> AmpUsageError:

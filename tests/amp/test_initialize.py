@@ -94,7 +94,9 @@ MISUSE = [
     (lambda m, o: amp.initialize(m.half(), o), "do not need to call .half"),
     (lambda m, o: amp.initialize(m, (o,)), "single optimizer or a list"),
     (lambda m, o: amp.initialize(m, torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=1), opt_level="O2"),
-     "not a parameter of any model"),
+     "none of the 1 parameters SGD holds belongs to a model"),
+    (lambda m, o: amp.initialize(m, torch.optim.SGD([*m.parameters(), torch.nn.Parameter(torch.ones(2).half())], lr=1),
+                                 opt_level="O2"), r"belong to no model .* not float32 \(shapes \[\(2,\)\]\)"),
 ]
 
 

@@ -335,3 +335,24 @@ def test_a_backward_outside_scale_loss_is_refused_at_the_step_rather_than_traini
         scaled.backward()
     optimizer.step()
     assert not torch.equal(weights[0], model[0].weight)
+
+
+@pytest.mark.parametrize("level", ["O2", "O3"])
+def test_an_fp32_param_outside_the_models_stays_fp32_and_trains_as_torch_does(level):
+    """A learned loss weight beside the model's params (apex stepped such params as they are): the same updates
+    as torch.optim.Adam on an fp32 copy fed the same grads."""
+    model = mlp()
+    log_var = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([*model.parameters(), log_var], lr=1e-2)
+    model, optimizer = amp.initialize(model, optimizer, opt_level=level, dtype=torch.bfloat16, verbosity=0)
+    twin = torch.nn.Parameter(torch.zeros(1))
+    reference = torch.optim.Adam([twin], lr=1e-2)
+    for _ in range(3):
+        loss = model(torch.randn(6, 4)).float().pow(2).mean() * torch.exp(-log_var) + log_var
+        optimizer.zero_grad()
+        with amp.scale_loss(loss.sum(), optimizer) as scaled:
+            scaled.backward()
+        twin.grad = log_var.grad.clone()
+        optimizer.step()
+        reference.step()
+    assert log_var.dtype is torch.float32 and torch.equal(log_var, twin) and float(twin) != 0.0

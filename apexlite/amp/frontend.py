@@ -118,12 +118,13 @@ def _validate(properties: Properties, opt_level: str, model_list: List[Any], opt
     checks.check_optimizers(optimizer_list)
     check_carried_masters(optimizer_list, model_list)
     checks.check_sharded_models(model_list, opt_level, properties)
-    checks.check_models_not_recast(model_list, existing.models.items() if existing is not None else [], properties)
+    registered = existing.models.items() if existing is not None else []
+    checks.check_models_not_recast(model_list, registered, properties)
     if not legacy_flags.allow_incoming_model_not_fp32:
         checks.check_params_fp32(model_list, properties)
     checks.check_no_float64(model_list, properties)
     if properties.cast_model_type:
-        checks.check_optimizer_params_in_models(optimizer_list, model_list)
+        checks.check_optimizer_params_in_models(optimizer_list, [*model_list, *registered])
     if properties.master_weights:
         checks.check_unique_params(optimizer_list)
 

@@ -262,8 +262,9 @@ class AmpSession:
             raise AmpStateError(
                 f"{type(optimizer).__name__} object passed to amp.scale_loss was not passed through "
                 "amp.initialize in this session. Pass every optimizer to amp.initialize(models, "
-                "optimizers, ...) and use the objects it returns (an optimizer created after initialize "
-                "can be registered by calling amp.initialize again with it)."
+                "optimizers, ...) and use the objects it returns; one created after initialize is registered "
+                f"by `_, optimizer = amp.initialize([], optimizer, opt_level={self.properties.opt_level!r})` (the "
+                "models stay as the first call left them)."
             )
         return state
 

@@ -356,3 +356,20 @@ def test_an_fp32_param_outside_the_models_stays_fp32_and_trains_as_torch_does(le
         optimizer.step()
         reference.step()
     assert log_var.dtype is torch.float32 and torch.equal(log_var, twin) and float(twin) != 0.0
+
+
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_an_optimizer_made_after_initialize_is_registered_as_the_error_says(level):
+    """scale_loss with an unregistered optimizer says how to register it; following that trains the model."""
+    model = amp.initialize(mlp(), opt_level=level, dtype=torch.bfloat16, verbosity=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match=rf"amp.initialize\(\[\], optimizer, opt_level='{level}'\)"):
+        with amp.scale_loss(model(torch.randn(6, 4)).float().sum(), optimizer):
+            pass
+    _, optimizer = amp.initialize([], optimizer, opt_level=level, dtype=torch.bfloat16, verbosity=0)
+    before = model[0].weight.detach().clone()
+    with amp.scale_loss(model(torch.randn(6, 4)).float().sum(), optimizer) as scaled:
+        scaled.backward()
+    optimizer.step()
+    assert not torch.equal(before, model[0].weight)
+    assert all(p.dtype is torch.float32 for p in amp.master_params(optimizer)) == (level != "O3")

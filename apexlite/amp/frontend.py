@@ -143,6 +143,11 @@ def _register(session: AmpSession, transaction: InitializeTransaction, model_lis
             install_io_casts(model, session.patcher, None, cast_model_outputs)
     for model in model_list:
         session.models.add(model)
+        if properties.master_weights:  # a load_state_dict later must reach the masters (master_sync.py)
+            for module in model.modules():
+                if module._parameters:
+                    session.patcher.add_handle(module.register_load_state_dict_post_hook(session.weights_loaded),
+                                               "load_state_dict post-hook (O2 masters follow)", owner=module)
     for optimizer in optimizer_list:
         carried = take_carried_masters(optimizer, model_list)
         _restore_carried_masters(optimizer, carried, fp32_sources if properties.master_weights else None)

@@ -159,6 +159,9 @@ class FusedMasterGrads:
         """The masters take the model's weights where they changed since initialize (MasterSync's first use)."""
         self.sync_from_model()
 
+    def weights_loaded(self) -> None:
+        self.sync_from_model.rearm()
+
     def before_step(self) -> None:
         self.sync_from_model()
         self.update_finished = False

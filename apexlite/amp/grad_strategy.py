@@ -47,6 +47,9 @@ class GradStrategy(Protocol):
         """apex's lazy master init, which scripts call as `optimizer._lazy_init_maybe_master_weights()` (BERT's
         resume): the masters take the model's weights as they are now; nothing where there are no masters."""
 
+    def weights_loaded(self) -> None:
+        """A model amp cast loaded weights (`load_state_dict`): masters of changed params follow at the next use."""
+
     def before_step(self) -> None:
         """The optimizer's update is about to run."""
 

@@ -163,6 +163,9 @@ class MasterParams:
         """The masters take the model's weights where they changed since initialize (MasterSync's first use)."""
         self.sync_from_model()
 
+    def weights_loaded(self) -> None:
+        self.sync_from_model.rearm()
+
     def before_step(self) -> None:
         self.sync_from_model()
         if not any(master.grad is not None for master in self.masters) and any(

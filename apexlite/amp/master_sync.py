@@ -9,8 +9,13 @@ use, each master whose model param no longer holds the master's value rounded to
 rebuilt from that param, as apex would have built it; the others keep their fp32 precision. Loading an
 optimizer checkpoint counts as that first use: it sets the masters itself.
 
+The same check runs again at the first use after a `load_state_dict` of a model amp cast (a hook on each of
+its modules with params re-arms it): a run that reloads its best weights mid-training keeps them, where
+apex's next step reverted them. Writes by other means after the first use (`param.data.copy_(...)`) are
+not seen: the masters are the truth, and `amp.master_params(optimizer)` is where to write.
+
 With several processes (torch.distributed initialised, world size > 1) every master is rebuilt from its
-model param, as apex did: DDP broadcast rank 0's weights into the others, so a rebuild of the changed ones
+model param at the first use, as apex did: DDP broadcast rank 0's weights into the others, so a rebuild of the changed ones
 alone would leave rank 0 its fp32 weights and the others their rounded copies, and the ranks would part by
 a rounding error. Masters restored from a checkpoint (carried into initialize) are kept either way.
 """
@@ -50,6 +55,11 @@ class MasterSync:
         self.done = False
         self.carried = carried  # the masters came from a checkpoint: only changed params rebuild theirs
 
+    def rearm(self) -> None:
+        """The model's weights were loaded: at the next use, rebuild the masters of the params that changed."""
+        self.done = False
+        self.carried = True
+
     def __call__(self) -> None:
         if self.done:
             return
@@ -64,6 +74,6 @@ class MasterSync:
             session.info("%s: the %d fp32 master weights were rebuilt from the model's weights at the first backward, "
                          "as apex built them, so every process starts from the same ones", self._label, len(pairs))
         elif rebuilt:
-            session.info("%s: %d of %d model params were written after amp.initialize (loaded weights, a broadcast); "
-                         "their fp32 master weights were rebuilt from them, as apex built its masters at the first "
-                         "backward", self._label, rebuilt, len(pairs))
+            session.info("%s: %d of %d model params were written after amp.initialize or a load_state_dict (loaded "
+                         "weights, a broadcast); their fp32 master weights were rebuilt from them", self._label,
+                         rebuilt, len(pairs))

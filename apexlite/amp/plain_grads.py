@@ -97,6 +97,9 @@ class PlainGrads:
     def lazy_init(self) -> None:
         """No masters here: nothing to build."""
 
+    def weights_loaded(self) -> None:
+        """No masters here: the optimizer steps the loaded params themselves."""
+
     def before_step(self) -> None:
         pass
 

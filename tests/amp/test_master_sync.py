@@ -107,3 +107,38 @@ def test_weights_written_after_the_first_step_are_overwritten_by_the_masters_as_
         next(model.parameters()).fill_(3.0)
     _backward_and_step(model, optimizer, torch.bfloat16)
     assert torch.equal(next(model.parameters()), originals[0].to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("whole_model", [True, False], ids=["model", "one layer"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_weights_loaded_after_steps_are_trained_not_reverted(name, whole_model):
+    """Reloading the best weights mid-run (apex's next step copied the stale masters back): a load_state_dict of
+    the model, or of one of its layers, re-arms the check; an untouched layer keeps its fp32 masters."""
+    low = torch.bfloat16
+    model, optimizer, _ = _set_up(OPTIMIZERS[name], low)
+    for group in optimizer.param_groups:
+        group["lr"] = 0.05
+    for _ in range(3):
+        _backward_and_step(model, optimizer, low)
+    masters_before = [m.detach().clone() for m in amp.master_params(optimizer)]
+    loaded = _loaded_weights(model)
+    if whole_model:
+        model.load_state_dict(loaded)
+    else:
+        model[2].load_state_dict({"weight": loaded["2.weight"], "bias": loaded["2.bias"]})
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    _backward_and_step(model, optimizer, low)
+    for index, (param, master) in enumerate(zip(model.parameters(), amp.master_params(optimizer))):
+        key = ["0.weight", "0.bias", "2.weight", "2.bias"][index]
+        if whole_model or key.startswith("2."):
+            assert torch.equal(param, loaded[key].to(low)) and torch.equal(master, loaded[key].to(low).float())
+        else:
+            assert torch.equal(master, masters_before[index])  # fp32 precision kept where nothing was loaded
+
+
+def test_the_load_hooks_go_with_the_session():
+    model, optimizer, _ = _set_up(OPTIMIZERS["SGD, separate masters"], torch.bfloat16)
+    assert all(module._load_state_dict_post_hooks for module in model.modules() if module._parameters)
+    amp.deinitialize()
+    assert not any(module._load_state_dict_post_hooks for module in model.modules())

@@ -43,7 +43,8 @@ def _checkpoint_and_reference(make_optimizer):
     try:
         _steps(model, optimizer, 3, seed=1)
         checkpoint = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                    "amp": amp.state_dict()})  # as torch.save would: no live tensors
+                                    "amp": amp.state_dict(),  # as torch.save would: no live tensors
+                                    "master params": list(amp.master_params(optimizer))})
         _steps(model, optimizer, 4, seed=2)
         return checkpoint, [m.detach().clone() for m in amp.master_params(optimizer)]
     finally:
@@ -167,17 +168,7 @@ OPTIMIZERS = TORCH_OPTIMIZERS + [("fused_adam", lambda params: FusedAdam(params,
 def test_nvidia_berts_resume_with_apexs_private_lazy_init_resumes_exactly(make_optimizer):
     """DeepLearningExamples' BERT: `optimizer._lazy_init_maybe_master_weights()`, `_amp_stash.lazy_init_called =
     True`, load the optimizer, then copy the saved `amp.master_params` back; the methods go at deinitialize."""
-    model = _model()
-    optimizer = make_optimizer(model.parameters())
-    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0)
-    try:
-        _steps(model, optimizer, 3, seed=1)
-        checkpoint = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                    "master params": list(amp.master_params(optimizer))})
-        _steps(model, optimizer, 4, seed=2)
-        reference = [m.detach().clone() for m in amp.master_params(optimizer)]
-    finally:
-        amp.deinitialize()
+    checkpoint, reference = _checkpoint_and_reference(make_optimizer)
     model = _model()
     optimizer = make_optimizer(model.parameters())
     model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0)

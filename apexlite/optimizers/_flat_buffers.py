@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -43,11 +43,11 @@ from apexlite.optimizers import _adam_state as adam_state
 from apexlite.optimizers._flat_grads import (GROUP_CHANGED, NOT_IN_BUFFER, PARAMS_CHANGED, READ_IN_PLACE, READY,
                                              REASONS, REBUILD, fresh_grad_policy, flat_grads, flat_grads_in_place,
                                              flat_zero_grads)
-from apexlite.optimizers._flat_memory import OwnedBuffers, alias, flattenable, move_into, new_buffer, repoint, start_of
+from apexlite.optimizers._flat_memory import (OwnedBuffers, alias, chunks, flattenable, move_into, new_buffer, repoint,
+                                              start_of, step_values)
 from apexlite.optimizers._flat_runs import FlatRun, PiecePolicy, PiecewiseRun, WholeRun, call_over
 from apexlite.optimizers._watched_state import Watch, WatchedState, WatchedStateMap
 
-MAX_BUFFER_ELEMENTS = 1 << 28
 MAX_REBUILDS = 4
 _log = get_logger("optimizers")
 
@@ -83,20 +83,6 @@ class GroupLayout:
     outsiders: List[torch.Tensor]  # never flattened
     waiting: List[torch.Tensor]  # had no grad at the build: a grad now rebuilds the layout
     stale: bool = False
-
-
-def _step_values(states: Sequence[Dict[str, Any]]) -> List[float]:
-    """Each state's step count (0 where it has none), read from the devices in one copy per device."""
-    values = [0.0] * len(states)
-    by_device: Dict[torch.device, List[int]] = {}
-    for index, state in enumerate(states):
-        if "step" in state:
-            by_device.setdefault(torch.as_tensor(state["step"]).device, []).append(index)
-    for indices in by_device.values():
-        counts = torch.stack([torch.as_tensor(states[i]["step"], dtype=torch.float32).reshape(()) for i in indices])
-        for index, count in zip(indices, counts.tolist()):
-            values[index] = count
-    return values
 
 
 class FlatBuffers:
@@ -226,7 +212,7 @@ class FlatBuffers:
                 waiting.append(param)
                 continue
             joining.append((param, grad.dtype))
-        steps = _step_values([state.get(param, {}) for param, _ in joining])
+        steps = step_values([state.get(param, {}) for param, _ in joining])
         keyed: Dict[Tuple[Any, ...], List[torch.Tensor]] = {}
         for (param, grad_dtype), step in zip(joining, steps):
             entry = state[param]
@@ -238,7 +224,7 @@ class FlatBuffers:
             moments = entry["exp_avg"].dtype if "exp_avg" in entry else moment_dtype
             key = (param.device, master, param.dtype, grad_dtype, moments, step)
             keyed.setdefault(key, []).append(param)
-        sets = [self._make_set(chunk, *key) for key, params in keyed.items() for chunk in _chunks(params)]
+        sets = [self._make_set(chunk, *key) for key, params in keyed.items() for chunk in chunks(params)]
         return GroupLayout(tuple(group["params"]), options, sets, outsiders, waiting)
 
     def _make_set(self, params: List[torch.Tensor], device: torch.device, master: bool, param_dtype: torch.dtype,
@@ -298,16 +284,3 @@ def _outdated(layout: GroupLayout) -> bool:
             if bool(low != high):
                 return True
     return not layout.sets and any(p.grad is not None for p in layout.waiting)
-
-
-def _chunks(params: List[torch.Tensor]) -> List[List[torch.Tensor]]:
-    """``params`` in consecutive runs of at most MAX_BUFFER_ELEMENTS elements (a larger param alone)."""
-    chunks: List[List[torch.Tensor]] = [[]]
-    size = 0
-    for param in params:
-        if chunks[-1] and size + param.numel() > MAX_BUFFER_ELEMENTS:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(param)
-        size += param.numel()
-    return chunks

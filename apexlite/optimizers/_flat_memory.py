@@ -1,8 +1,9 @@
 """Where FusedAdam's flat buffers live, and how a tensor is moved into one (NOTE [flat buffers] in
-_flat_buffers.py): which params may be flattened, the buffers' allocations, re-pointing a tensor."""
+_flat_buffers.py): which params may be flattened, how they split into buffers, the buffers' allocations,
+re-pointing a tensor."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List, Sequence
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -13,6 +14,7 @@ from apexlite.optimizers import _adam_state as adam_state
 # offset within a page, and a CPU loop streaming four arrays whose addresses agree modulo 4096 stalls
 # on 4K aliasing (the step ran about 40% slower); distinct starts avoid it. Multiples of 512 keep the
 # CUDA kernel's vector loads aligned.
+MAX_BUFFER_ELEMENTS = 1 << 28
 START_BYTES = {"weights": 0, "copies": 512, "exp_avg": 1024, "exp_avg_sq": 2048, "grad": 3072}
 
 
@@ -89,3 +91,30 @@ def move_into(state: Dict[str, Any], key: str, buffer: torch.Tensor, offset: int
         except RuntimeError:  # made by .detach()/.data: no metadata changes allowed
             pass
     dict.__setitem__(state, key, alias(buffer, offset, like))
+
+
+def step_values(states: Sequence[Dict[str, Any]]) -> List[float]:
+    """Each state's step count (0 where it has none), read from the devices in one copy per device."""
+    values = [0.0] * len(states)
+    by_device: Dict[torch.device, List[int]] = {}
+    for index, state in enumerate(states):
+        if "step" in state:
+            by_device.setdefault(torch.as_tensor(state["step"]).device, []).append(index)
+    for indices in by_device.values():
+        counts = torch.stack([torch.as_tensor(states[i]["step"], dtype=torch.float32).reshape(()) for i in indices])
+        for index, count in zip(indices, counts.tolist()):
+            values[index] = count
+    return values
+
+
+def chunks(params: List[torch.Tensor]) -> List[List[torch.Tensor]]:
+    """``params`` in consecutive runs of at most MAX_BUFFER_ELEMENTS elements (a larger param alone)."""
+    chunks: List[List[torch.Tensor]] = [[]]
+    size = 0
+    for param in params:
+        if chunks[-1] and size + param.numel() > MAX_BUFFER_ELEMENTS:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(param)
+        size += param.numel()
+    return chunks

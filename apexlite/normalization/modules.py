@@ -54,6 +54,13 @@ class FusedLayerNorm(_FusedNorm):
     """apex.normalization.FusedLayerNorm: torch.nn.LayerNorm's maths, output in the input's dtype."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():  # apex's fallback under TorchScript: torch's own op
+            return torch.nn.functional.layer_norm(input, list(self.normalized_shape), self.weight, self.bias,
+                                                  self.eps)
+        return self._fused(input)
+
+    @torch.jit.unused
+    def _fused(self, input: torch.Tensor) -> torch.Tensor:
         if self.elementwise_affine:
             return fused_layer_norm_affine(input, self.weight, self.bias, self.normalized_shape, self.eps,
                                            self.memory_efficient)
@@ -66,6 +73,12 @@ class FusedRMSNorm(_FusedNorm):
     has_bias = False
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():  # apex's fallback under TorchScript: torch's own op
+            return torch.nn.functional.rms_norm(input, list(self.normalized_shape), self.weight, self.eps)
+        return self._fused(input)
+
+    @torch.jit.unused
+    def _fused(self, input: torch.Tensor) -> torch.Tensor:
         if self.elementwise_affine:
             return fused_rms_norm_affine(input, self.weight, self.normalized_shape, self.eps, self.memory_efficient)
         return fused_rms_norm(input, self.normalized_shape, self.eps, self.memory_efficient)
@@ -89,7 +102,8 @@ class MixedFusedLayerNorm(FusedLayerNorm):
         _mixed_is_affine("MixedFusedLayerNorm", kwargs)
         super().__init__(normalized_shape, eps, True, memory_efficient)
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
+    @torch.jit.unused
+    def _fused(self, input: torch.Tensor) -> torch.Tensor:
         return mixed_dtype_fused_layer_norm_affine(input, self.weight, self.bias, self.normalized_shape, self.eps,
                                                    self.memory_efficient)
 
@@ -102,6 +116,7 @@ class MixedFusedRMSNorm(FusedRMSNorm):
         _mixed_is_affine("MixedFusedRMSNorm", kwargs)
         super().__init__(normalized_shape, eps, True, memory_efficient)
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
+    @torch.jit.unused
+    def _fused(self, input: torch.Tensor) -> torch.Tensor:
         return mixed_dtype_fused_rms_norm_affine(input, self.weight, self.normalized_shape, self.eps,
                                                  self.memory_efficient)

@@ -105,3 +105,17 @@ def test_apex_paths_resolve_to_the_submodule_not_a_function():
     assert FLN.fused_layer_norm_cuda is None and FLN.supports_custom_op() is True
     apex_public = {"FusedLayerNorm", "FusedRMSNorm", "MixedFusedLayerNorm", "MixedFusedRMSNorm", "fused_layer_norm"}
     assert {name for name in vars(N) if not name.startswith("_")} == apex_public
+
+
+SCRIPTED = [(N.FusedLayerNorm, {}), (N.FusedLayerNorm, {"elementwise_affine": False}), (N.FusedRMSNorm, {}),
+            (N.FusedRMSNorm, {"elementwise_affine": False}), (N.MixedFusedLayerNorm, {}), (N.MixedFusedRMSNorm, {})]
+
+
+@pytest.mark.parametrize("cls,kwargs", SCRIPTED, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_the_modules_script_to_torchs_own_norm_as_apexs_did(cls, kwargs):
+    """torch.jit.script takes apex's fallback (torch's layer_norm / rms_norm): the same output as eager."""
+    module = cls(8, **kwargs)
+    if module.elementwise_affine:
+        torch.nn.init.normal_(module.weight)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(torch.jit.script(module)(x), module(x))

@@ -274,3 +274,16 @@ def test_apex_scaler_with_an_unusable_scale_is_refused_when_unpickled():
     data = _apex_checkpoint("apex.amp.scaler", "LossScaler", dict(APEX_AMP_SCALER, _loss_scale=float("nan")))
     with apex_aliases(), pytest.raises(RuntimeError, match="loss scale nan"):
         torch.load(io.BytesIO(data), weights_only=False)
+
+
+def test_master_grads_of_fp32_params_have_their_own_memory():
+    """apex copied each model grad into a new master grad: unscaling the master in place must not touch the
+    model's grad (an fp32 param, such as an affine batchnorm's after network_to_half)."""
+    layer = torch.nn.Linear(4, 3)
+    model_params, masters = fu.prep_param_lists(layer)
+    layer(torch.randn(2, 4)).sum().backward()
+    before = [p.grad.clone() for p in model_params]
+    fu.model_grads_to_master_grads(model_params, masters)
+    for master in masters:
+        master.grad.mul_(1 / 128)
+    assert all(torch.equal(p.grad, b) for p, b in zip(model_params, before))

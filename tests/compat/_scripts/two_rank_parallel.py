@@ -82,6 +82,41 @@ torch.testing.assert_close(local.grad, ref_in.grad[rank * 4:(rank + 1) * 4], rto
 weight_grad = weight.grad.clone()
 dist.all_reduce(weight_grad)
 torch.testing.assert_close(weight_grad, ref_w.grad, rtol=1e-4, atol=1e-5)
+
+# SyncBatchNorm: a large mean beside a small spread (E[x^2] - mean^2 lost the variance: errors of 1e-1 at 1000).
+shifted = full + 1000.0
+local = shifted[rank * 4:(rank + 1) * 4].clone()
+torch.testing.assert_close(parallel.SyncBatchNorm(3)(local),
+                           torch.nn.BatchNorm2d(3)(shifted)[rank * 4:(rank + 1) * 4], rtol=0, atol=3e-4)
+# A one-rank group (per-rank statistics) on CPU: local batch norm (torch's SyncBatchNorm refused CPU input).
+own = parallel.SyncBatchNorm(3, process_group=parallel.create_syncbn_process_group(1))
+torch.testing.assert_close(own(local), torch.nn.BatchNorm2d(3)(local))
+
+# apex's DDP broadcasts buffers at construction only: rank 0 may evaluate alone (a broadcast in each forward
+# waited for the other rank); delay_allreduce trains a model with a param no forward uses.
+model = parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)))
+model(x).sum().backward()
+if rank == 0:
+    model.eval()
+    with torch.no_grad():
+        model(x)
+dist.barrier()
+
+
+class WithUnusedHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+
+    def forward(self, inputs):
+        return self.used(inputs)
+
+
+for options in (dict(delay_allreduce=True), dict(find_unused_parameters=True)):
+    model = parallel.DistributedDataParallel(WithUnusedHead(), **options)
+    for _ in range(2):
+        model(x).sum().backward()
+    torch.testing.assert_close(model.module.used.weight.grad, torch.full((1, 3), 2 * 2 * 1.5))
 print(f"rank {rank} ok")
 # Same teardown as tests/parallel/_launch.py: no rank leaves while its peer may be in a collective,
 # and interpreter teardown is skipped (gloo/DDP C++ threads destroyed at exit can abort a finished rank).

@@ -95,7 +95,7 @@ def model_grads_to_master_grads(model_params: List[torch.Tensor], master_params:
         if model.grad is None:
             master.grad = None
         elif master.grad is None:
-            master.grad = model.grad.detach().float()
+            master.grad = model.grad.detach().to(torch.float32, copy=True)  # its own memory, as apex's
         else:
             master.grad.data.copy_(model.grad.data)
 

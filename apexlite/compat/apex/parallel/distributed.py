@@ -11,6 +11,7 @@ The flat-buffer helpers BERT pretraining scripts call (`flat_dist_call`, `flatte
 work as in apex, on torch's _flatten_dense_tensors/_unflatten_dense_tensors (apex's C++ versions did
 the same) for tensors on any device.
 """
+import inspect
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
@@ -128,15 +129,27 @@ def _average_hook(gradient_average: bool, predivide: float, always_fp32: bool) -
     return hook
 
 
+# torch DDP's switch for "buffers broadcast at construction, not at each forward": newer torch names it
+# forward_sync_buffers (and deprecates broadcast_buffers=False, which also skips the broadcast at init)
+_BUFFERS_AT_INIT_ONLY = ({"forward_sync_buffers": False}
+                         if "forward_sync_buffers" in inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
+                         else {"broadcast_buffers": False})
+
+
 class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
-    """torch DDP with apex's constructor. Wrap the model after `amp.initialize`, as with apex."""
+    """torch DDP with apex's constructor. Wrap the model after `amp.initialize`, as with apex.
+
+    As apex's: buffers are broadcast once, at construction, not at every forward (so one rank may evaluate
+    alone); `delay_allreduce=True` reduces whatever grads a backward made (torch's find_unused_parameters,
+    which may also be passed itself, as torch's error for unused params suggests)."""
 
     def __init__(self, module: torch.nn.Module, message_size: int = 10000000, delay_allreduce: bool = False,
                  shared_param: Any = None, allreduce_trigger_params: Any = None,
                  retain_allreduce_buffers: bool = False, allreduce_always_fp32: bool = False,
                  num_allreduce_streams: int = 1, allreduce_communicators: Any = None,
                  gradient_average: bool = True, gradient_predivide_factor: float = 1.0,
-                 gradient_average_split_factor: Optional[float] = None, prof: bool = False) -> None:
+                 gradient_average_split_factor: Optional[float] = None, prof: bool = False, *,
+                 find_unused_parameters: bool = False) -> None:
         if shared_param is not None:
             raise ValueError(_SHARED_PARAM_MESSAGE)
         if num_allreduce_streams > 1 and delay_allreduce:
@@ -150,7 +163,7 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
             log.warning("gradient_average_split_factor is deprecated; use gradient_predivide_factor "
                         "(using %s as the predivide factor)", gradient_average_split_factor)
             gradient_predivide_factor = gradient_average_split_factor
-        tuning = {k: v for k, v in dict(delay_allreduce=delay_allreduce, prof=prof,
+        tuning = {k: v for k, v in dict(prof=prof,
                                          allreduce_trigger_params=allreduce_trigger_params,
                                          num_allreduce_streams=num_allreduce_streams,
                                          allreduce_communicators=allreduce_communicators,
@@ -162,7 +175,8 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         first = next(module.parameters(), None)
         device_ids = [first.device.index] if first is not None and first.is_cuda else None
         element_size = first.element_size() if first is not None else 4
-        super().__init__(module, device_ids=device_ids, bucket_cap_mb=message_size * element_size / 2 ** 20)
+        super().__init__(module, device_ids=device_ids, bucket_cap_mb=message_size * element_size / 2 ** 20,
+                         find_unused_parameters=find_unused_parameters or delay_allreduce, **_BUFFERS_AT_INIT_ONLY)
         # DDP broadcast rank 0's weights; amp.initialize built O2's fp32 masters before, from each rank's own
         broadcast_master_params(module, self.process_group)
         if not gradient_average or gradient_predivide_factor != 1.0 or allreduce_always_fp32:

@@ -53,7 +53,12 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
                 and dist.get_world_size(self.process_group) > 1)
 
     def forward(self, input: torch.Tensor, z: Optional[torch.Tensor] = None) -> torch.Tensor:
-        out = self._cpu_sync_forward(input) if self._needs_cpu_sync(input) else super().forward(input)
+        if self._needs_cpu_sync(input):
+            out = self._cpu_sync_forward(input)
+        elif input.device.type == "cpu":  # nothing to sync (one rank, eval): local batch norm, which torch's
+            out = _BatchNorm.forward(self, input)  # SyncBatchNorm refuses on CPU once dist is initialised
+        else:
+            out = super().forward(input)
         if z is not None:
             out = out + z
         return torch.relu(out) if self.fuse_relu else out
@@ -62,14 +67,15 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
         channels = input.shape[1]
         dims = [0] + list(range(2, input.dim()))
         shape = [1, channels] + [1] * (input.dim() - 2)
+        group = self.process_group or dist.group.WORLD
         x = input.float()
         count = torch.tensor([input.numel() / channels], dtype=torch.float32)
-        stats = torch.cat([x.sum(dims), (x * x).sum(dims), count])
-        stats = _AllReduceSum.apply(stats, self.process_group or dist.group.WORLD)
-        n = stats[-1]
-        mean = stats[:channels] / n
-        var = stats[channels:2 * channels] / n - mean * mean
-        y = (x - mean.view(shape)) * torch.rsqrt(var + self.eps).view(shape)
+        totals = _AllReduceSum.apply(torch.cat([x.sum(dims), count]), group)
+        n = totals[-1]
+        mean = totals[:channels] / n
+        centered = x - mean.view(shape)  # two passes: E[x^2] - mean^2 loses the variance when the mean is large
+        var = _AllReduceSum.apply((centered * centered).sum(dims), group) / n
+        y = centered * torch.rsqrt(var + self.eps).view(shape)
         if self.affine:
             y = y * self.weight.float().view(shape) + self.bias.float().view(shape)
         if self.track_running_stats:

@@ -94,7 +94,10 @@ torch.testing.assert_close(own(local), torch.nn.BatchNorm2d(3)(local))
 
 # apex's DDP broadcasts buffers at construction only: rank 0 may evaluate alone (a broadcast in each forward
 # waited for the other rank); delay_allreduce trains a model with a param no forward uses.
-model = parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)))
+with_buffers = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+with_buffers[1].running_mean.fill_(float(rank))
+model = parallel.DistributedDataParallel(with_buffers)
+torch.testing.assert_close(with_buffers[1].running_mean, torch.zeros(4))  # rank 0's, once, at construction
 model(x).sum().backward()
 if rank == 0:
     model.eval()

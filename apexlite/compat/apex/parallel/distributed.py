@@ -177,6 +177,9 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
         element_size = first.element_size() if first is not None else 4
         super().__init__(module, device_ids=device_ids, bucket_cap_mb=message_size * element_size / 2 ** 20,
                          find_unused_parameters=find_unused_parameters or delay_allreduce, **_BUFFERS_AT_INIT_ONLY)
+        if "broadcast_buffers" in _BUFFERS_AT_INIT_ONLY:  # (older torch skips buffers at construction too then)
+            for buffer in module.buffers():
+                dist.broadcast(buffer, 0, group=self.process_group)
         # DDP broadcast rank 0's weights; amp.initialize built O2's fp32 masters before, from each rank's own
         broadcast_master_params(module, self.process_group)
         if not gradient_average or gradient_predivide_factor != 1.0 or allreduce_always_fp32:

@@ -15,7 +15,7 @@ import libcst as cst
 
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import ApexUse
-from apexlite.migrate.clipping import plan_master_params
+from apexlite.migrate.clipping import plan_master_params, plan_other_clips
 from apexlite.migrate.device import RUNTIME
 from apexlite.migrate.edits import Plan, expression, small_statement
 from apexlite.migrate.initialize import AUTOCAST, HALF, KEEP, NONE, AmpSetup, read
@@ -91,6 +91,7 @@ def _plan_native(units: List[Unit], setup: AmpSetup, uses: Dict[Key, List[ApexUs
         next(unit for unit in units if unit.home).plan.todo(setup.call, missing)
     for unit in units:
         plan_master_params(unit, setup, planner)
+        plan_other_clips(unit, setup, planner)
         plan_state(unit, setup, planner)
         _plan_other(unit, setup, uses[unit.key])
     home = next(unit for unit in units if unit.home)

@@ -6,6 +6,13 @@ A clip call (`torch.nn.utils.clip_grad_norm_(amp.master_params(opt), ...)`) or a
 params gets `scaler.unscale_(opt)` right before it; the params become the model's parameters when the
 script has one model and one optimizer, else the optimizer's own params. Any other use with a scaler
 (the gradients might be read) is a TODO.
+
+A clip of other params (`clip_grad_norm_(model.parameters(), ...)`: apex had unscaled the grads when
+`scale_loss` exited, so that was right under apex) gets the same `scaler.unscale_(optimizer)` where the
+script has one optimizer whose name means the same at the clip; else a TODO, never a silent clip of scaled
+grads. A function that also clips `amp.master_params` is left as it is: that is the script's amp path (which
+gets its `unscale_`), and the other clip its path without amp (`if args.fp16: ... else: ...`), where the
+GradScaler is off; a second `unscale_` in one step would raise.
 """
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ import libcst as cst
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import dotted_text
 from apexlite.migrate.edits import expression, small_statement, statement
+from apexlite.migrate.guards import resolves_alike
 from apexlite.migrate.initialize import AmpSetup
 from apexlite.migrate.reach import Unit
 from apexlite.migrate.scale_loss import ScaleLossPlanner
@@ -71,3 +79,33 @@ def plan_master_params(unit: Unit, setup: AmpSetup, scale_loss: ScaleLossPlanner
         else:
             plan.todo(call, f"if this reads gradients, call `{unscale}` first (they are still multiplied by the "
                             "loss scale until then), once per step")
+
+
+def plan_other_clips(unit: Unit, setup: AmpSetup, scale_loss: ScaleLossPlanner) -> None:
+    """`scaler.unscale_(optimizer)` before each clip of params other than amp.master_params (module docstring)."""
+    analysis, plan = unit.analysis, unit.plan
+    if not scale_loss.scalers:
+        return
+    master_clips = {id(analysis.enclosing_scope_owner(analysis.call_of(use) or use.node))
+                    for use in analysis.uses_of(apis.MASTER_PARAMS)}
+    for call in analysis.nodes(cst.Call):
+        if (dotted_text(call.func) or "").rsplit(".", 1)[-1] not in CLIP_FUNCTIONS or not call.args:
+            continue
+        first = call.args[0].value
+        if isinstance(first, cst.Call) and any(use.node is first.func or analysis.call_of(use) is first
+                                               for use in analysis.uses_of(apis.MASTER_PARAMS)):
+            continue  # plan_master_params's
+        if id(analysis.enclosing_scope_owner(call)) in master_clips:
+            continue
+        small = analysis.small_statement_of(call)
+        optimizer = setup.optimizer_nodes[0] if len(setup.optimizer_nodes) == 1 else None
+        scaler = scale_loss.scaler_of_optimizer.get(0) if optimizer is not None else None
+        unscale = f"{scaler.name}.unscale_({analysis.code(optimizer)})" if scaler is not None else \
+            "scaler.unscale_(optimizer)"
+        if scaler is not None and unit.home and unit.ties.reaches_scaler(call) and small is not None \
+                and small not in plan.small and resolves_alike(analysis, [optimizer], call):
+            plan.replace_small(small, lambda updated, unscale=unscale: [small_statement(unscale), updated])
+        else:
+            plan.todo(call, f"this clips gradients that torch.amp's GradScaler still multiplies by the loss scale "
+                            f"(apex had unscaled them when scale_loss exited): call `{unscale}` first, once per "
+                            "step, for the optimizer that steps these params")

@@ -86,22 +86,20 @@ def plan_other_clips(unit: Unit, setup: AmpSetup, scale_loss: ScaleLossPlanner) 
     analysis, plan = unit.analysis, unit.plan
     if not scale_loss.scalers:
         return
-    master_clips = {id(analysis.enclosing_scope_owner(analysis.call_of(use) or use.node))
-                    for use in analysis.uses_of(apis.MASTER_PARAMS)}
+    master_calls = [analysis.call_of(use) or use.node for use in analysis.uses_of(apis.MASTER_PARAMS)]
+    master_clips = {id(analysis.enclosing_scope_owner(node)) for node in master_calls}
+    optimizer = setup.optimizer_nodes[0] if len(setup.optimizer_nodes) == 1 else None
+    scaler = scale_loss.scaler_of_optimizer.get(0) if optimizer is not None else None
+    unscale = f"{scaler.name}.unscale_({analysis.code(optimizer)})" if scaler is not None else \
+        "scaler.unscale_(optimizer)"
     for call in analysis.nodes(cst.Call):
         if (dotted_text(call.func) or "").rsplit(".", 1)[-1] not in CLIP_FUNCTIONS or not call.args:
             continue
-        first = call.args[0].value
-        if isinstance(first, cst.Call) and any(use.node is first.func or analysis.call_of(use) is first
-                                               for use in analysis.uses_of(apis.MASTER_PARAMS)):
+        if any(call.args[0].value is node for node in master_calls):
             continue  # plan_master_params's
         if id(analysis.enclosing_scope_owner(call)) in master_clips:
             continue
         small = analysis.small_statement_of(call)
-        optimizer = setup.optimizer_nodes[0] if len(setup.optimizer_nodes) == 1 else None
-        scaler = scale_loss.scaler_of_optimizer.get(0) if optimizer is not None else None
-        unscale = f"{scaler.name}.unscale_({analysis.code(optimizer)})" if scaler is not None else \
-            "scaler.unscale_(optimizer)"
         if scaler is not None and unit.home and unit.ties.reaches_scaler(call) and small is not None \
                 and small not in plan.small and resolves_alike(analysis, [optimizer], call):
             plan.replace_small(small, lambda updated, unscale=unscale: [small_statement(unscale), updated])

@@ -153,6 +153,13 @@ def _bind(call: cst.Call, positional: List[str], keyword_only: List[str]) -> Opt
     return bound
 
 
+def argument_for(function: cst.FunctionDef, call: cst.Call, name: str) -> Optional[cst.BaseExpression]:
+    """The expression `call` passes to `function`'s parameter `name`; None when it passes none or cannot be told."""
+    positional, keyword_only, _ = _parameters(function)
+    bound = _bind(call, positional, keyword_only)
+    return bound.get(name) if bound is not None else None
+
+
 ImportIndex = Dict[Tuple[Key, str], List[Tuple[Key, cst.ImportFrom, str]]]
 
 

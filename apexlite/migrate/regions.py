@@ -12,12 +12,16 @@ stay outside, as in torch's AMP examples. Statements that step an optimizer, sca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
 from apexlite.migrate.analysis import Analysis
 from apexlite.migrate.edits import Plan
+from apexlite.migrate.reach import argument_for
+
+# the calls of a function when migrate sees every one of them in this file, else None
+Callers = Callable[[cst.FunctionDef], Optional[List[cst.Call]]]
 
 
 @dataclass
@@ -31,8 +35,9 @@ class RegionFinder:
     """Finds the autocast region of each scaled loss; `regions` holds them, merged per block."""
 
     def __init__(self, plan: Plan, models: Sequence[str], markers: Sequence[cst.CSTNode],
-                 others: Sequence[str] = ()) -> None:
+                 others: Sequence[str] = (), callers: Callers = lambda function: None) -> None:
         self.plan = plan
+        self.callers = callers
         self.analysis: Analysis = plan.analysis
         self.models = set(models)
         self.others = set(others) - self.models  # modules amp was not given whose forwards it cast (O1)
@@ -73,15 +78,38 @@ class RegionFinder:
                 return None
             statement = owner
 
-    def find(self, scaled: cst.BaseStatement, loss: cst.BaseExpression) -> bool:
-        """Record the region of the loss scaled at `scaled`; False (with a TODO) when there is none."""
+    def _passed_in(self, loss: cst.BaseExpression) -> Optional[List[Tuple[cst.Call, cst.BaseExpression]]]:
+        """Where a loss that is a parameter of its function (`def backward(loss, optimizer)`) comes from: each
+        call of the function with the argument it passes; None unless migrate sees every call."""
+        if not isinstance(loss, cst.Name):
+            return None
+        scope = self.analysis.scope(loss)
+        bindings = list(scope[loss.value]) if scope is not None else []
+        if len(bindings) != 1 or not isinstance(getattr(bindings[0], "node", None), cst.Param):
+            return None
+        function = self.analysis.enclosing_scope_owner(bindings[0].node)
+        calls = self.callers(function) if isinstance(function, cst.FunctionDef) else None
+        if not calls:
+            return None
+        passed = [(call, argument_for(function, call, loss.value)) for call in calls]
+        return None if any(argument is None for _, argument in passed) else passed
+
+    def find(self, scaled: cst.BaseStatement, loss: cst.BaseExpression, via: str = "amp.scale_loss",
+             depth: int = 0) -> bool:
+        """Record the region of the loss scaled at `scaled` (or handed to a helper that scales it, `via`);
+        False (with a TODO) when there is none."""
         if any(isinstance(node, (cst.Call, cst.Lambda, cst.NamedExpr)) for node in _descendants(loss)):
-            self.plan.todo(scaled, "the loss passed to amp.scale_loss is computed in the call; compute it into a "
+            self.plan.todo(scaled, f"the loss passed to {via} is computed in the call; compute it into a "
                                    "variable under torch.autocast first")
             return False
         loss_statement = self._loss_statement(scaled, self.analysis.loaded_names(loss))
+        passed = self._passed_in(loss) if loss_statement is None and depth < 8 else None
+        if passed is not None:  # a backward helper: the forward is in its callers
+            results = [self.find(self.analysis.statement_of(call), argument, f"{self.analysis.code(call.func)}()",
+                                 depth + 1) for call, argument in passed]
+            return all(results)
         if loss_statement is None:
-            self.plan.todo(scaled, "migrate did not find where this loss is computed before amp.scale_loss; put "
+            self.plan.todo(scaled, f"migrate did not find where this loss is computed before {via}; put "
                                    "the forward pass and the loss computation under torch.autocast yourself")
             return False
         block = self.analysis.block_of(loss_statement)

@@ -200,8 +200,11 @@ class ScaleLossPlanner:
         markers: List[cst.CSTNode] = [site.statement for site in sites] + ([self.setup.call] if unit.home else [])
         for index in range(len(self.setup.optimizer_nodes)):
             markers.extend(call for step_unit, call in step_calls([unit], index))
+        callers = _callers_in(unit)
+        for function in {id(site.statement): unit.analysis.enclosing_scope_owner(site.statement) for site in sites}.values():
+            markers.extend(callers(function) or ())  # a call of a helper that scales a loss is a backward
         others = modules_in(unit.analysis) if self.setup.level == "O1" else set()  # O1 cast every forward
-        finder = RegionFinder(unit.plan, [*self.setup.models, *unit.ties.model_names()], markers, others)
+        finder = RegionFinder(unit.plan, [*self.setup.models, *unit.ties.model_names()], markers, others, callers)
         for site in sites:
             finder.find(site.statement, site.loss)
         for region in finder.regions:
@@ -246,6 +249,16 @@ class ScaleLossPlanner:
         scaled = f"{scaler.name}.scale({loss})" if scaler is not None else _parenthesised(site.loss, loss)
         site.unit.plan.replace_statement(site.statement, _unwrap_edit(site.scaled_name, scaled))
         site.unit.plan.needs_torch = True
+
+
+def _callers_in(unit: Unit):
+    """The calls of a function that receives amp's optimizer, when migrate sees them all in this file."""
+    def callers(function) -> Optional[List[cst.Call]]:
+        thread = unit.ties.threads.get(id(function))
+        if thread is None or any(key != unit.key for key, _ in thread.calls):
+            return None
+        return [call for _, call in thread.calls]
+    return callers
 
 
 def _parenthesised(node: cst.BaseExpression, code: str) -> str:

@@ -179,7 +179,8 @@ def _takes(program: Program, note: str, name: str, line: int, match) -> None:
     assert [arg.arg for arg in below.args.kwonlyargs][-len(names):] == names
     read = {node.id for node in ast.walk(below) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
     assert set(names) <= read, f"{function}() takes {names} but reads only {sorted(set(names) & read)}"
-    calls = [node for node in program.nodes if isinstance(node, ast.Call) and _dotted(node.func).split(".")[-1] == function]
+    # migrate threads the GradScaler through module-level functions called by name (imported by name elsewhere)
+    calls = [node for node in program.nodes if isinstance(node, ast.Call) and _dotted(node.func) == function]
     assert calls and all({keyword.arg for keyword in call.keywords} >= set(names) for call in calls)
 
 

@@ -25,6 +25,7 @@ from apexlite.migrate.guards import resolves_alike
 from apexlite.migrate.initialize import AmpSetup
 from apexlite.migrate.reach import Unit
 from apexlite.migrate.scale_loss import ScaleLossPlanner
+from apexlite.migrate.steps import step_calls
 
 CLIP_FUNCTIONS = ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grad_value")
 
@@ -44,6 +45,35 @@ def _clip_call(unit: Unit, call: cst.Call) -> bool:
     outer = unit.analysis.parent(arg) if isinstance(arg, cst.Arg) else None
     return isinstance(outer, cst.Call) and outer.args and outer.args[0] is arg and \
         (dotted_text(outer.func) or "").rsplit(".", 1)[-1] in CLIP_FUNCTIONS
+
+
+def _between_steps(unit: Unit, call: cst.Call, index: int) -> bool:
+    """Whether a clip in a loop can run where the optimizer does not step: a step of optimizer `index` in the
+    same function sits under an `if` or loop inside the loop they share that the clip is not under (Swin's
+    gradient accumulation clips every micro-batch and steps every N). GradScaler unscales once per step."""
+    analysis = unit.analysis
+    owner = analysis.enclosing_scope_owner(call)
+    around_clip = {id(node) for node in analysis.ancestors(call)}
+    for _, step in step_calls([unit], index):
+        if analysis.enclosing_scope_owner(step) is not owner:
+            continue
+        guarded, shared = False, None
+        for node in analysis.ancestors(step):
+            if id(node) in around_clip:
+                shared = node
+                break
+            guarded = guarded or isinstance(node, (cst.If, cst.For, cst.While, cst.Try))
+        in_loop = shared is not None and any(isinstance(node, (cst.For, cst.While)) and node is not owner
+                                             for node in [shared, *analysis.ancestors(shared)])
+        if guarded and in_loop:
+            return True
+    return False
+
+
+def _between_steps_todo(unit: Unit, call: cst.Call, unscale: str) -> None:
+    unit.plan.todo(call, f"this clip runs on iterations where the optimizer does not step (gradient accumulation); "
+                         f"torch.amp's GradScaler unscales once per step, so `{unscale}` cannot go here: clip once, "
+                         "after it, right before the step")
 
 
 def plan_master_params(unit: Unit, setup: AmpSetup, scale_loss: ScaleLossPlanner) -> None:
@@ -72,6 +102,8 @@ def plan_master_params(unit: Unit, setup: AmpSetup, scale_loss: ScaleLossPlanner
         if not unit.ties.reaches_scaler(call):
             plan.todo(call, f"the gradients are read here, after `{unscale}`, but the GradScaler cannot be read "
                             "here; pass it in like the optimizer and run migrate again")
+        elif _clip_call(unit, call) and _between_steps(unit, call, index):
+            _between_steps_todo(unit, call, unscale)
         elif _clip_call(unit, call) and small is not None and small not in plan.small:
             plan.replace_small(small, lambda updated, unscale=unscale: [small_statement(unscale), updated])
         elif isinstance(parent, cst.For) and parent.iter is call and parent not in plan.statements:
@@ -100,7 +132,9 @@ def plan_other_clips(unit: Unit, setup: AmpSetup, scale_loss: ScaleLossPlanner) 
         if id(analysis.enclosing_scope_owner(call)) in master_clips:
             continue
         small = analysis.small_statement_of(call)
-        if scaler is not None and unit.home and unit.ties.reaches_scaler(call) and small is not None \
+        if scaler is not None and _between_steps(unit, call, 0):
+            _between_steps_todo(unit, call, unscale)
+        elif scaler is not None and unit.home and unit.ties.reaches_scaler(call) and small is not None \
                 and small not in plan.small and resolves_alike(analysis, [optimizer], call):
             plan.replace_small(small, lambda updated, unscale=unscale: [small_statement(unscale), updated])
         else:

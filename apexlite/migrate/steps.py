@@ -45,6 +45,17 @@ def plan_steps(planner: "ScaleLossPlanner", sites: List["Site"]) -> bool:
             site.unit.plan.todo(site.statement, f"no `{missing[0]}.step()` where migrate can see it; step it with "
                                                 f"`{scaler.name}.step({missing[0]})` then `{scaler.name}.update()`")
             continue
+        own_sites = [other for other in sites if other.loss_id in scaler.loss_ids]
+        early = [step for calls in steps.values() for step in calls if _before_every_backward(step, own_sites)]
+        steps = {index: [step for step in calls if not any(step[1] is call for _, call in early)]
+                 for index, calls in steps.items()}
+        if any(not calls for calls in steps.values()):
+            site.unit.plan.todo(site.statement, f"no step after this scaled backward where migrate can see it; step "
+                                                f"with `{scaler.name}.step(optimizer)` then `{scaler.name}.update()`")
+            continue
+        for unit, call in early:
+            unit.plan.comment(call, f"`{unit.analysis.code(call)}` runs before any scaled backward, so it stays a "
+                                    f"plain step ({scaler.name}.step would refuse it: nothing was scaled yet)")
         bad = [(unit, call) for calls in steps.values() for unit, call in calls if not _plain(unit, call)]
         for unit, call in bad:
             unit.plan.todo(call, f"write this step as `{scaler.name}.step(optimizer)` then `{scaler.name}.update()` "
@@ -59,6 +70,20 @@ def plan_steps(planner: "ScaleLossPlanner", sites: List["Site"]) -> bool:
     if len(planned) != len(planner.scalers):
         return False
     return all([_rewrite(scaler, steps, planner) for scaler, steps in planned])
+
+
+def _before_every_backward(step: Step, sites: List["Site"]) -> bool:
+    """Whether a step runs before every scaled backward of its optimizer: each of them follows it in its own
+    function, and no loop holds both (UNITER's `optimizer.zero_grad(); optimizer.step()` after amp.initialize)."""
+    unit, call = step
+    analysis = unit.analysis
+    owner = analysis.enclosing_scope_owner(call)
+    if not sites or any(site.unit is not unit or analysis.enclosing_scope_owner(site.statement) is not owner
+                        for site in sites):
+        return False
+    loops = [node for node in analysis.ancestors(call) if isinstance(node, (cst.For, cst.While))]
+    return all(analysis.position(site.statement) > analysis.position(call) and not any(
+        id(loop) in {id(a) for a in analysis.ancestors(site.statement)} for loop in loops) for site in sites)
 
 
 def _plain(unit: "Unit", call: cst.Call) -> bool:

@@ -195,6 +195,14 @@ def _checkpoint(program: Program, note: str, name: str, line: int, match) -> Non
                and _dotted(node.func).split(".")[0] in scalers for node in ast.walk(below)), ast.unparse(below)
 
 
+def _early_step(program: Program, note: str, name: str, line: int, match) -> None:
+    """The statement below is the plain step; the optimizer's later steps go through the named GradScaler."""
+    below = _statement_below(program, name, line)
+    assert isinstance(below, ast.Expr) and _dotted(below.value.func) == f"{match[1]}.step" and not below.value.args
+    later = [call for call in program.calls(f"{match[2]}.step") if call.args and _dotted(call.args[0]) == match[1]]
+    assert later and all(call.lineno > below.lineno for call in later)
+
+
 CLAIMS = [
     (r"amp\.initialize \(opt_level O[0-3]\) (?:ran only when `.+`: it became|became) (?P<what>.+?)"
      r"(?P<flagged>, on every path, enabled by that flag|, enabled when `.+` \(its enabled=\))?", _initialize),
@@ -212,6 +220,8 @@ CLAIMS = [
     (r"`([\w.]+)\(\.\.\.\)` here runs in float32 now \(apex's O[1-3] ran every forward in low precision\); for "
      r"that, run it under `with torch\.autocast\(.+\):`", _forward_in_fp32),
     (r"checkpoints written before the migration hold apex's scaler state .+", _checkpoint),
+    (r"`([\w.]+)\.step\(\)` runs before any scaled backward, so it stays a plain step \((\w+)\.step would "
+     r"refuse it: nothing was scaled yet\)", _early_step),
 ]
 
 

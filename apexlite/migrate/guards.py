@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import libcst as cst
 from libcst.metadata import ExpressionContext, ExpressionContextProvider
@@ -219,12 +219,13 @@ def mentions(analysis: Analysis, node: cst.CSTNode, chains: List[str]) -> bool:
     return any(text == chain or text.startswith(chain + ".") for text in used for chain in chains)
 
 
-def branch_calls_backward(analysis: Analysis, condition: Condition) -> bool:
-    """Whether the other branch of `condition`'s `if` calls `.backward(...)`."""
+def branch_calls_backward(analysis: Analysis, condition: Condition,
+                          ignore: Callable[[cst.Call], bool] = lambda call: False) -> bool:
+    """Whether the other branch of `condition`'s `if` calls `.backward(...)` (a call `ignore` accepts aside)."""
     other = condition.owner.orelse if condition.positive else condition.owner.body
     if other is None:
         return False
-    return any(isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
+    return any(isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward" and not ignore(call)
                for call in analysis.walk(other, cst.Call))
 
 

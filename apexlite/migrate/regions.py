@@ -102,12 +102,19 @@ class RegionFinder:
             self.plan.todo(scaled, f"the loss passed to {via} is computed in the call; compute it into a "
                                    "variable under torch.autocast first")
             return False
-        loss_statement = self._loss_statement(scaled, self.analysis.loaded_names(loss))
-        passed = self._passed_in(loss) if loss_statement is None and depth < 8 else None
+        passed = self._passed_in(loss) if depth < 8 and self._loss_statement(
+            scaled, self.analysis.loaded_names(loss)) is None else None
         if passed is not None:  # a backward helper: the forward is in its callers
             results = [self.find(self.analysis.statement_of(call), argument, f"{self.analysis.code(call.func)}()",
                                  depth + 1) for call, argument in passed]
             return all(results)
+        return self._find_from(scaled, scaled, self.analysis.loaded_names(loss), via, depth)
+
+    def _find_from(self, scaled: cst.BaseStatement, anchor: cst.BaseStatement, names: Set[str], via: str,
+                   depth: int) -> bool:
+        """The region of a loss read through `names` before `anchor`; a loss only rescaled in a nested block
+        (`loss = loss / accumulation_steps` under an `if`) is followed out to the forward that computed it."""
+        loss_statement = self._loss_statement(anchor, names)
         if loss_statement is None:
             self.plan.todo(scaled, f"migrate did not find where this loss is computed before {via}; put "
                                    "the forward pass and the loss computation under torch.autocast yourself")
@@ -135,6 +142,9 @@ class RegionFinder:
                     earlier.append(index)
         if not starts and after_earlier_backward:
             starts = [end]  # a second loss from an earlier forward pass (under its own region, below)
+        if not starts and depth < 8 and not isinstance(block, cst.Module) and \
+                self._loss_statement(loss_statement, depends) is not None:
+            return self._find_from(scaled, loss_statement, depends, via, depth + 1)
         if not starts:
             self.plan.todo(scaled, f"no forward pass of {', '.join(sorted(self.models))} found where this loss is "
                                    "computed; put the forward pass and the loss under torch.autocast yourself")

@@ -114,8 +114,15 @@ class ScaleLossPlanner:
         analysis = unit.analysis
         ran_under = {key(analysis, test, True) for test in self.setup.flags[len(self.setup.guard.conditions):]}
         ran_under |= {condition.key(analysis) for condition in self.setup.guard.conditions}
+        def guarded_itself(call: cst.Call) -> bool:
+            """A backward of the other branch that is scaled, or runs only where amp.initialize did not."""
+            return any(isinstance(node, cst.With) and any("scale_loss" in analysis.code(item.item) for item in node.items)
+                       for node in analysis.ancestors(call)) or any(
+                (test, not positive) in ran_under for test, positive in
+                (condition.key(analysis) for condition in read_guard(analysis, call).conditions))
+
         for condition in read_guard(analysis, statement).conditions:
-            if condition.key(analysis) in ran_under or not branch_calls_backward(analysis, condition):
+            if condition.key(analysis) in ran_under or not branch_calls_backward(analysis, condition, guarded_itself):
                 continue
             test = analysis.code(condition.test).strip()
             when = f"`{self.setup.enabled}`" if self.setup.enabled else "always"

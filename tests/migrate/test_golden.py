@@ -68,7 +68,8 @@ def test_every_case_has_its_files():
 RUN_AND_PRINT = {"o3": "print(model(torch.randn(2, 4)).dtype)", "gan_forward_first": "print(fake.dtype)",
                  "eval_forward": "print(evaluate(torch.randn(2, 8)).dtype)", "distill_teacher": "print(soft.dtype)",
                  "clip_model_params": "print(float(grad_norm) < 1000)",  # scaled grads: a norm near 2**16 times larger
-                 "backward_helper": "print(out.dtype)", "step_before_backward": "print(torch.isfinite(loss).item())"}
+                 "backward_helper": "print(out.dtype)", "step_before_backward": "print(torch.isfinite(loss).item())",
+                 "nested_flag_guards": "print(outputs.dtype)"}
 
 
 @pytest.mark.parametrize("name", list(RUN_AND_PRINT))

@@ -1,0 +1,40 @@
+"""Swin-Transformer's train_one_epoch shape: an accumulation `if` whose branches each test the flag
+amp.initialize ran under around scale_loss, and a loss rescaled inside the branch (`loss = loss / N`):
+the autocast region is the forward before the `if`."""
+import argparse
+import torch
+from apex import amp
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--amp-opt-level", default="O1", choices=["O0", "O1"])
+parser.add_argument("--accumulation-steps", type=int, default=2)
+args = parser.parse_args()
+
+torch.manual_seed(0)
+model = torch.nn.Linear(16, 4)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+if args.amp_opt_level != "O0":
+    model, optimizer = amp.initialize(model, optimizer, opt_level=args.amp_opt_level)
+
+for idx in range(4):
+    x = torch.randn(8, 16)
+    outputs = model(x)
+    loss = torch.nn.functional.cross_entropy(outputs, x[:, :4].argmax(1))
+    if args.accumulation_steps > 1:
+        loss = loss / args.accumulation_steps
+        if args.amp_opt_level != "O0":
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        if (idx + 1) % args.accumulation_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    else:
+        optimizer.zero_grad()
+        if args.amp_opt_level != "O0":
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        optimizer.step()

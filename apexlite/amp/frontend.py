@@ -149,6 +149,8 @@ def _register(session: AmpSession, transaction: InitializeTransaction, model_lis
                     session.patcher.add_handle(module.register_load_state_dict_post_hook(session.weights_loaded),
                                                "load_state_dict post-hook (O2 masters follow)", owner=module)
     for optimizer in optimizer_list:
+        if properties.cast_model_type and not properties.master_weights:
+            _recast_state(optimizer)
         carried = take_carried_masters(optimizer, model_list)
         _restore_carried_masters(optimizer, carried, fp32_sources if properties.master_weights else None)
         grads = _grad_strategy(session, optimizer, properties.master_weights, fp32_sources, bool(carried))
@@ -157,6 +159,15 @@ def _register(session: AmpSession, transaction: InitializeTransaction, model_lis
         amp_optimizer.install()
     if model_list or optimizer_list:
         session.from_initialize = True
+
+
+def _recast_state(optimizer: Any) -> None:
+    """State loaded before initialize (a resume) follows its params into the cast dtype, as a load after
+    initialize would: the optimizer reloads its own state_dict, which casts it to each param's dtype."""
+    if any(optimizer.state.values()):
+        optimizer.load_state_dict(optimizer.state_dict())
+        log.info("cast the optimizer state %s held before amp.initialize to its params' dtype",
+                 type(optimizer).__name__)
 
 
 def _restore_carried_masters(optimizer: Any, carried: List[Any], fp32_sources: Optional[Dict[Any, Any]]) -> None:

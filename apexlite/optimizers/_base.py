@@ -63,7 +63,13 @@ class ApexStyleOptimizer(torch.optim.Optimizer):
         return {**super().__getstate__(), **own}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
+        had_flag = "differentiable" in state.get("defaults", getattr(self, "defaults", {}))
         super().__setstate__(state)  # (torch's load_state_dict calls it too, on a live optimizer: caches stay)
+        if not had_flag:  # torch adds `differentiable` to the defaults, and its load to each group: not ours
+            self.defaults.pop("differentiable", None)
+            for group in self.param_groups:
+                if group.get("differentiable") is False:
+                    del group["differentiable"]
         if not all(name in self.__dict__ for name in self._caches()):
             self._make_caches()
 

@@ -61,3 +61,19 @@ HYPER_CASES = [({"lr": -1.0}, "Invalid learning rate"), ({"eps": -1.0}, "Invalid
 def test_hyper_parameters_out_of_range_are_refused(cls, bad, message):
     with pytest.raises(ValueError, match=message):
         cls([torch.nn.Parameter(torch.zeros(2))], **bad)
+
+
+@pytest.mark.parametrize("cls,kwargs", OPTIMIZERS, ids=IDS)
+def test_a_loaded_state_dict_reads_back_exactly_as_it_was_saved(cls, kwargs):
+    """torch's load adds `differentiable` to the defaults and each group; a resumed run's state_dict then
+    differed from the uninterrupted run's, which checkpoint comparisons noticed."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = cls(model.parameters(), **kwargs)
+    _train(model, optimizer, torch.randn(5, 4))
+    saved = optimizer.state_dict()
+    loaded = cls(torch.nn.Linear(4, 3).parameters(), **kwargs)
+    loaded.load_state_dict(copy.deepcopy(saved))
+    assert [sorted(group) for group in loaded.state_dict()["param_groups"]] == \
+        [sorted(group) for group in saved["param_groups"]]
+    assert sorted(loaded.defaults) == sorted(optimizer.defaults)

@@ -41,6 +41,8 @@ class AmpOptimizer:
         self._skip = OneShotSkip(optimizer)
         self._original_step: Optional[Callable[..., Any]] = None  # set where amp replaces the step
         self._hooked_depth = 0  # nesting of hooked steps (a subclass's step calling its base's step)
+        self._model_grad_versions: List[Tuple[torch.Tensor, int]] = []  # O2: the half grads scale_loss left
+        self._warned_model_grads_changed = False
 
     # apex exposed this on `optimizer._amp_stash`; some libraries read it
     @property
@@ -83,6 +85,9 @@ class AmpOptimizer:
             return
         self.grads.post(scaler)
         self.params_have_scaled_gradients = False
+        if self.has_masters and not self._warned_model_grads_changed:
+            self._model_grad_versions = [(param.grad, param.grad._version) for param, _ in self.grads.master_pairs()
+                                         if param.grad is not None]
 
     def new_grads(self) -> List[torch.Tensor]:
         return self.grads.new_grads()
@@ -139,7 +144,22 @@ class AmpOptimizer:
         self.session.info(template.format(loss_id, scaler.loss_scale()), all_ranks=True)
         return None
 
+    def _warn_if_model_grads_changed(self) -> None:
+        """O2: a change to the model's half grads after scale_loss (a clip of `model.parameters()`) does not clip
+        the update, which follows the fp32 masters' grads; apex said nothing, apexlite says it once."""
+        changed = any(grad._version != version for grad, version in self._model_grad_versions)
+        self._model_grad_versions = []
+        if changed:
+            self._warned_model_grads_changed = True
+            log.warning(
+                "%s: the model's low-precision grads changed between amp.scale_loss and optimizer.step() "
+                "(clip_grad_norm_(model.parameters(), ...)?). At O2 they stay multiplied by the loss scale and "
+                "the update follows the fp32 master params' grads, so this does not clip the update (apex "
+                "behaved the same). Clip amp.master_params(optimizer) instead. (Said once.)",
+                type(self.optimizer).__name__)
+
     def _run_replaced_step(self, args: tuple, kwargs: dict) -> Any:
+        self._warn_if_model_grads_changed()
         self.grads.before_step()
         try:
             if self.session.cast_state.active:  # O1: the update itself runs in the params' own dtypes

@@ -18,7 +18,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from apexlite import api_status
+from apexlite import api_status, initialize_scan
 from apexlite.compat import apex_tree
 from apexlite.compat.child_path.sitecustomize import LEGACY_TOP_LEVEL, REFUSED_EXTENSIONS
 
@@ -196,4 +196,5 @@ def scan(source: Any, filename: str = "<script>") -> List[Row]:
             name, status = status_of(usage.api)
         lines, _ = merged.get(name, ([], status))
         merged[name] = (sorted(set(lines + usage.lines)), status)
-    return sorted(((name, lines, status) for name, (lines, status) in merged.items()), key=lambda r: r[1][0])
+    rows = [(name, lines, status) for name, (lines, status) in merged.items()]
+    return sorted(rows + initialize_scan.problems(tree, visitor.aliases), key=lambda r: r[1][0])

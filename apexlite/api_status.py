@@ -19,8 +19,9 @@ DIFFERS = apex_tree.DIFFERS
 UNSUPPORTED = apex_tree.UNSUPPORTED
 REFUSED = apex_tree.REFUSED
 RAISES_AT_O1 = "raises at O1"
-KINDS = (SUPPORTED, DIFFERS, UNSUPPORTED, REFUSED, RAISES_AT_O1)
-FAILING = (UNSUPPORTED, REFUSED, RAISES_AT_O1)  # a script using one of these exits `check` with status 1
+RAISES = "raises"  # a call apexlite refuses whenever it runs, told from its literal arguments (initialize_scan)
+KINDS = (SUPPORTED, DIFFERS, UNSUPPORTED, REFUSED, RAISES_AT_O1, RAISES)
+FAILING = (UNSUPPORTED, REFUSED, RAISES_AT_O1, RAISES)  # a script using one of these exits `check` with status 1
 
 NOT_IN_APEX = (f"{UNSUPPORTED}: not a module or name of apex (at e13873de, its last release with amp) nor one "
                "apexlite adds; check the spelling")

@@ -3,7 +3,8 @@
 A PATH is a script, a Jupyter notebook (its code cells read as one program: apexlite.script_program) or
 a folder of them (apexlite.script_paths); a file Python would not run is refused with one line. What
 is found, and each API's status, comes from apexlite.apex_uses (the scripts are parsed, never run).
-The exit status is 1 when any API used is unsupported, refused at import, or raises at O1; `--json`
+The exit status is 1 when any API used is unsupported, refused at import, or raises at O1, or when a call
+raises whatever the run (an amp.initialize option apexlite refuses: apexlite.initialize_scan); `--json`
 prints the report as JSON. With several files, the files that use apex are listed, the rest counted,
 and the status is the highest.
 """
@@ -27,7 +28,7 @@ __all__ = ["main", "report", "scan", "status_of"]  # scan and status_of stay imp
 
 EXIT_STATUSES = (
     (0, "every apex API used is supported (possibly with differences)"),
-    (1, "some API used is unsupported, refused at import, or raises at O1"),
+    (1, "an API or call used is unsupported, refused at import, or raises"),
     (2, "usage error, or the script is missing or cannot be opened"),
     (3, "the file is not Python source Python would run (nor a Python notebook)"),
     (4, "the path is not a regular file or folder (device, FIFO, socket)"),
@@ -84,6 +85,8 @@ def _print_text(script: str, rows: List[Row], program: Optional[Program] = None)
                "at import")
     if counts[api_status.RAISES_AT_O1]:
         summary += f", {counts[api_status.RAISES_AT_O1]} raise at O1 with fp16/bf16 inputs (see the fix above)"
+    if counts[api_status.RAISES]:
+        summary += f", {counts[api_status.RAISES]} raise whenever they run (see above)"
     print(summary)
 
 

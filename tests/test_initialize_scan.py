@@ -1,0 +1,78 @@
+"""apexlite.initialize_scan: what `check` tells from a script's amp.initialize calls before it runs.
+
+Reference: the run itself. Each case is a small script; the scan's verdict (a row that raises, a row that
+differs, or none) must agree with what apexlite's amp.initialize and step do when the script is executed.
+"""
+import ast
+
+import pytest
+import torch
+
+from apexlite import amp, api_status, check
+from apexlite.amp.errors import AmpConfigError, AmpUsageError
+
+HEAD = ("import torch\nfrom apex import amp\nmodel = torch.nn.Linear(2, 2)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n")
+TRAIN = ("loss = model(torch.randn(3, 2)).sum()\nwith amp.scale_loss(loss, optimizer) as scaled:\n"
+         "    scaled.backward()\n")
+
+# (id, the script after HEAD, expected row kind or None, what running it raises or None)
+CASES = [
+    ("zero-for-letter-O", 'model, optimizer = amp.initialize(model, optimizer, opt_level="01")\n',
+     api_status.RAISES, AmpConfigError),
+    ("bad-keep-batchnorm", 'model, optimizer = amp.initialize(model, optimizer, opt_level="O2", '
+                           'keep_batchnorm_fp32="yes")\n', api_status.RAISES, AmpConfigError),
+    ("o1-keep-batchnorm", 'model, optimizer = amp.initialize(model, optimizer, opt_level="O1", '
+                          'keep_batchnorm_fp32=True)\n', api_status.RAISES, AmpConfigError),
+    ("positional-level", 'model, optimizer = amp.initialize(model, optimizer, True, "O4")\n',
+     api_status.RAISES, AmpConfigError),
+    ("bad-num-losses", 'model, optimizer = amp.initialize(model, optimizer, opt_level="O1", num_losses=0)\n',
+     api_status.RAISES, AmpConfigError),
+    ("tuple-of-models", '(model,), optimizer = amp.initialize((model,), optimizer, opt_level="O1")\n',
+     api_status.RAISES, AmpUsageError),
+    ("string-false-is-valid", 'model, optimizer = amp.initialize(model, optimizer, opt_level="O2", '
+                              'keep_batchnorm_fp32="False", cast_model_type=torch.bfloat16)\n' + TRAIN +
+     "optimizer.step()\n", None, None),
+    ("level-from-a-variable", 'level = "O1"\nmodel, optimizer = amp.initialize(model, optimizer, opt_level=level)\n'
+     + TRAIN + "optimizer.step()\n", None, None),
+    ("step-with-closure", 'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n' + TRAIN +
+     "optimizer.step(lambda: 0.0)\n", api_status.RAISES, AmpUsageError),
+    ("o2-clip-of-model-params", 'model, optimizer = amp.initialize(model, optimizer, opt_level="O2", '
+                                'cast_model_type=torch.bfloat16)\n' + TRAIN +
+     "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\noptimizer.step()\n", api_status.DIFFERS, None),
+    ("o2-clip-of-master-params", 'model, optimizer = amp.initialize(model, optimizer, opt_level="O2", '
+                                 'cast_model_type=torch.bfloat16)\n' + TRAIN +
+     "torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)\noptimizer.step()\n", None, None),
+]
+NEW_ROWS = ("apex.amp.initialize(...)", "optimizer.step(closure)", "clip of model.parameters() at O2")
+
+
+def _new_rows(source):
+    return [row for row in check.scan(ast.parse(source)) if row[0] in NEW_ROWS]
+
+
+@pytest.mark.parametrize("body, kind, raised", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_the_scan_agrees_with_the_run(body, kind, raised):
+    source = HEAD + body
+    rows = _new_rows(source)
+    assert [row[2].split(":", 1)[0] for row in rows] == ([kind] if kind else [])
+    namespace = {}
+    runnable = source.replace("from apex import amp\n", "")
+    try:
+        if raised is None:
+            exec(compile(runnable, "<case>", "exec"), dict(namespace, amp=amp))
+        else:
+            with pytest.raises(raised):
+                exec(compile(runnable, "<case>", "exec"), dict(namespace, amp=amp))
+    finally:
+        amp.deinitialize()
+
+
+def test_a_raising_call_fails_checks_exit_status_and_names_its_line(tmp_path, capsys):
+    script = tmp_path / "zero.py"
+    script.write_text(HEAD + CASES[0][1])
+    assert check.main([str(script)]) == 1
+    out = capsys.readouterr().out
+    assert "apex.amp.initialize(...)  line 5: raises: amp.initialize raises here: " in out
+    assert "letter O, not the number zero" in out and "1 raise whenever they run" in out
+    assert torch.nn.functional.linear is torch._C._nn.linear  # reading a script patches nothing

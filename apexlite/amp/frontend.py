@@ -249,7 +249,7 @@ def load_state_dict(state: Any) -> None:
     else:
         updates = _scaler_updates(state, scalers, session.options.max_loss_scale)
     for scaler, (scale, unskipped) in updates:
-        scaler._loss_scale, scaler._unskipped = scale, unskipped
+        scaler.restore(scale, unskipped)
 
 
 def _scaler_updates(state: dict, scalers: List[Any], max_loss_scale: float) -> List[Tuple[Any, Tuple[float, int]]]:

@@ -28,6 +28,7 @@ OverflowSync = Callable[[FoundInf], None]
 # unscaled gradient (and then every weight) becomes NaN. Overflows at this scale come from inf/NaN in
 # the forward pass or the loss, which no scale can fix.
 SCALE_FLOOR = 2.0 ** -24
+STATIC_OVERFLOW_WARNING = 10  # consecutive overflows at a static scale before apexlite says nothing trains
 
 log = get_logger("amp")
 
@@ -60,6 +61,7 @@ class LossScaler:
         self._found_inf: Dict[torch.device, torch.Tensor] = {}
         self._has_overflow = False
         self._nonfinite_losses = 0  # consecutive overflow steps whose loss itself was inf/NaN
+        self._static_overflows = 0  # consecutive overflows at a static scale
         self.nonfinite_loss_limit = 0  # set by the session; 0 = never stop the run
         # NOTE [overflow agreement] (apexlite/parallel/overflow.py): None in a single process
         self.overflow_sync = overflow_sync
@@ -114,7 +116,19 @@ class LossScaler:
             )
         elif not overflow:
             self._unskipped += 1
+            self._static_overflows = 0
+        else:
+            self._note_static_overflow()
         return overflow
+
+    def _note_static_overflow(self) -> None:
+        """A static scale that overflows step after step trains nothing (every step is skipped): said at 10
+        consecutive overflows, then at 100, 1000, ..."""
+        self._static_overflows += 1
+        count = self._static_overflows
+        if count >= STATIC_OVERFLOW_WARNING and math.log10(count / STATIC_OVERFLOW_WARNING).is_integer():
+            log.warning("%d consecutive steps overflowed at the static loss scale %g and were skipped: the model is "
+                        "not training. Lower loss_scale or use loss_scale='dynamic'.", count, self._loss_scale)
 
     def count_loss(self, loss: torch.Tensor) -> None:
         """After an overflow: count consecutive non-finite losses and stop the run at the limit.
@@ -142,7 +156,16 @@ class LossScaler:
 
     def load_state_dict(self, state: Any) -> None:
         """Accept apex's `{loss_scale, unskipped}` or a torch GradScaler state dict (validated first)."""
-        self._loss_scale, self._unskipped = parse_scaler_state(state, self._max_loss_scale)
+        self.restore(*parse_scaler_state(state, self._max_loss_scale))
+
+    def restore(self, scale: float, unskipped: int) -> None:
+        """Take a validated checkpoint's scale and clean-step count (a static scale too, as apex did: said)."""
+        self._unskipped = unskipped
+        if not self.dynamic and scale != self._loss_scale:
+            log.warning("a loaded loss scaler state replaces this run's static loss scale %g with %g (as apex "
+                        "did); keep %g by leaving the checkpoint's amp state out", self._loss_scale, scale,
+                        self._loss_scale)
+        self._loss_scale = scale
 
 
 def parse_scaler_state(state: Any, max_loss_scale: float, name: str = "loss scaler state") -> Tuple[float, int]:

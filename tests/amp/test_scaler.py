@@ -222,3 +222,34 @@ def test_o1_grads_after_scale_loss_match_fp32_reference_grads(low, loss_scale):
     for p, r in zip(model.parameters(), reference.parameters()):
         assert p.grad.dtype is torch.float32
         torch.testing.assert_close(p.grad, r.grad, **tols)
+
+
+def test_a_static_scale_that_overflows_every_step_says_nothing_trains(caplog):
+    """Every step skipped at a static scale (apexlite skips where apex stepped inf grads): said at 10 and 100
+    consecutive overflows, not between; a clean step starts the count again."""
+    model, opt = _model_and_opt(opt_level="O1", dtype=torch.bfloat16, loss_scale=2.0 ** 120)
+    try:
+        before = [p.detach().clone() for p in model.parameters()]
+        with caplog.at_level(logging.WARNING, logger="apexlite.amp"):
+            for _ in range(100):
+                _train_step(model, opt, torch.full((3, 4), 1e4))
+        said = [r.getMessage() for r in caplog.records if "consecutive steps overflowed" in r.getMessage()]
+        assert [message.split()[0] for message in said] == ["10", "100"]
+        assert "static loss scale 1.32923e+36" in said[0] and "loss_scale='dynamic'" in said[0]
+        assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))  # the claim is true
+    finally:
+        amp.deinitialize()
+
+
+def test_loading_a_state_over_a_static_scale_says_it_replaces_it(caplog):
+    model, opt = _model_and_opt(opt_level="O1", loss_scale=128.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="apexlite.amp"):
+            amp.load_state_dict({"loss_scaler0": {"loss_scale": 65536.0, "unskipped": 5}})
+            amp.load_state_dict({"loss_scaler0": {"loss_scale": 65536.0, "unskipped": 6}})
+        said = [r.getMessage() for r in caplog.records if "replaces this run's static loss scale" in r.getMessage()]
+        assert said == ["a loaded loss scaler state replaces this run's static loss scale 128 with 65536 (as apex "
+                        "did); keep 128 by leaving the checkpoint's amp state out"]
+        assert current_session().loss_scalers[0].loss_scale() == 65536.0
+    finally:
+        amp.deinitialize()

@@ -51,7 +51,7 @@ def main(argv: List[str]) -> int:
     verdict.apply_baseline(rows, baseline)
     recommendation = verdict.recommend(rows, baseline, baseline_note, args.tolerance, speed)
     speed_base = (baseline["opt_level"], baseline["dtype"]) if baseline else pairs[0]
-    notes = load_notes(peak_load, os.cpu_count() or 1) + speed.notes(pairs)
+    notes = load_notes(peak_load, os.cpu_count() or 1) + speed.notes(pairs) + verdict.precision_notes(rows)
     env["peak_load_average"] = peak_load
     print()
     print(format_report(rows, env, speed.report_lines(speed_base, pairs), notes, recommendation, baseline_note))

@@ -160,6 +160,18 @@ def _by_what_was_measured(candidates: List[Dict[str, Any]], why: str,
                     f"measured: finished ok, final loss within tolerance, then least peak tensor memory ({listed})")
 
 
+def cast_nothing(row: Dict[str, Any]) -> bool:
+    """An O1 run that cast no op to low precision ran the script's own precision, not mixed precision."""
+    return row["opt_level"] == "O1" and row["status"] == "ok" and row.get("casts_per_iteration") == 0
+
+
+def precision_notes(rows: List[Dict[str, Any]]) -> List[str]:
+    """What the table cannot say by itself: an O1 run that cast nothing measured no low precision."""
+    return [f"{label(row)} cast nothing (0 casts per iteration): it ran in the script's own precision, so its "
+            f"speed and loss say nothing about {row['dtype']} (a float64 model, or ops outside O1's lists?); "
+            "it is not recommended" for row in rows if cast_nothing(row)]
+
+
 def recommend(rows: List[Dict[str, Any]], baseline: Optional[Dict[str, Any]], note: Optional[str],
               tolerance: float, speed: SpeedTable) -> Dict[str, Any]:
     """The lowest opt level no other run measurably beat in speed, among the ok runs within `tolerance` of
@@ -173,8 +185,9 @@ def recommend(rows: List[Dict[str, Any]], baseline: Optional[Dict[str, Any]], no
         return decision(None, "Nothing to recommend.")
     base_loss = baseline["final_loss"]
     excluded = [f"{label(row)} ({row['status']})" for row in rows if row["status"] != "ok"]
+    excluded += [f"{label(row)} (cast nothing)" for row in rows if row["status"] == "ok" and cast_nothing(row)]
     candidates = [row for row in rows if row["status"] == "ok" and row["final_loss"] is not None
-                  and relative_excess(row["final_loss"], base_loss) <= tolerance]
+                  and relative_excess(row["final_loss"], base_loss) <= tolerance and not cast_nothing(row)]
     left_out = "; not considered: " + ", ".join(excluded) if excluded else ""
     if not candidates:
         return decision(None, f"No run that finished cleanly kept its final loss within {tolerance:.0%} of "

@@ -12,7 +12,7 @@ from apexlite.sweep.speed import SpeedTable
 def _telemetry(**fields):
     base = dict(steps=20, applied_steps=20, skipped_steps=0, measured_steps=17, step_time_ms=10.0,
                 step_time_ms_iqr=1.0, peak_tensor_mb=5.0, state_bytes_per_param=16.0, max_rss_mb=300.0,
-                first_loss=2.0, final_loss=1.0, loss_scale=1.0, casts_per_iteration=0.0, loss_calls=20,
+                first_loss=2.0, final_loss=1.0, loss_scale=1.0, casts_per_iteration=4.0, loss_calls=20,
                 nonfinite_losses=0, first_nonfinite_loss_step=None, known_traps=[], loss_curve=[[1, 2.0]],
                 skipped_at=[], peak_tensor_measure="CPU")
     base.update(fields)
@@ -149,3 +149,21 @@ def test_a_final_loss_above_twice_the_baseline_is_diverged():
     assert trapped[1]["error"].endswith("; known trap: O3 in float16 with torch.optim.Adam(eps=1e-08) diverges")
 
 
+
+
+def test_an_o1_run_that_cast_nothing_is_noted_and_never_recommended():
+    """A float64 script at O1 casts nothing (O1 leaves float64 alone): its row measured no low precision, so the
+    sweep must not recommend it as fast mixed precision, and says why."""
+    specs = [("O0", "float32", "ok", 20.0, 1.0), ("O1", "float16", "ok", 10.0, 1.0)]
+    rows = [verdict.combine([_record("O0", "float32", step_time_ms=20.0, casts_per_iteration=0.0)]),
+            verdict.combine([_record("O1", "float16", step_time_ms=10.0, casts_per_iteration=0.0)])]
+    baseline, note = verdict.choose_baseline(rows)
+    verdict.apply_baseline(rows, baseline)
+    choice = verdict.recommend(rows, baseline, note, 0.05, _speed(specs))
+    assert (choice["opt_level"], choice["dtype"]) == ("O0", "float32")
+    assert "not considered: O1 float16 (cast nothing)" in choice["reason"]
+    assert verdict.precision_notes(rows) == [
+        "O1 float16 cast nothing (0 casts per iteration): it ran in the script's own precision, so its speed and "
+        "loss say nothing about float16 (a float64 model, or ops outside O1's lists?); it is not recommended"]
+    casting = [verdict.combine([_record("O1", "float16", step_time_ms=10.0, casts_per_iteration=4.0)])]
+    assert verdict.precision_notes(casting) == []

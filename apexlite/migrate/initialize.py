@@ -265,12 +265,14 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
         plan.todo(call, f"amp.initialize would refuse these options: {error}")
         return None
     dtype = str(low_dtype).replace("torch.", "")
-    num_losses = literal(analysis, bound.value("num_losses")) if bound.value("num_losses") is not None else 1
-    if not isinstance(num_losses, int) or num_losses < 1:
-        plan.todo(call, "num_losses must be a literal whole number >= 1 for migrate to give each loss its scaler")
-        return None
     recipe, loss_scale = _recipe(plan, options, properties, enabled, call)
     if recipe is None:
+        return None
+    num_losses = literal(analysis, bound.value("num_losses")) if bound.value("num_losses") is not None else 1
+    if loss_scale == 1.0 or recipe == NONE:
+        num_losses = num_losses if isinstance(num_losses, int) and num_losses >= 1 else 1  # no scalers to share out
+    elif not isinstance(num_losses, int) or num_losses < 1:
+        plan.todo(call, "num_losses must be a literal whole number >= 1 for migrate to give each loss its scaler")
         return None
     flags = [condition.test for condition in guard.conditions] + ([flag_node] if flag_node is not None else [])
     setup = AmpSetup(use, call, small, bound.value("models"), bound.value("optimizers"), list(model_targets),

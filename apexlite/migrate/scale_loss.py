@@ -85,6 +85,8 @@ class ScaleLossPlanner:
             plan.todo(call, f"amp.scale_loss cannot be read: {bound.error or 'loss and optimizers are needed'}")
             return None
         loss_id = literal(analysis, bound.value("loss_id")) if bound.value("loss_id") is not None else 0
+        if not self.setup.scaled:
+            loss_id = 0  # nothing is scaled: every loss is a plain backward, whatever its id
         if not isinstance(loss_id, int) or not 0 <= loss_id < self.setup.num_losses:
             plan.todo(call, f"loss_id must be a literal in 0..{self.setup.num_losses - 1} (num_losses="
                             f"{self.setup.num_losses}) for migrate to pick its scaler")

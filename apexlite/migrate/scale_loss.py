@@ -22,7 +22,7 @@ from apexlite.migrate.device import RUNTIME
 from apexlite.migrate.edits import comment_line, expression
 from apexlite.migrate.guards import branch_calls_backward, key, read_guard, resolves_alike
 from apexlite.migrate.initialize import AUTOCAST, AmpSetup
-from apexlite.migrate.reach import Unit
+from apexlite.migrate.reach import Unit, argument_for
 from apexlite.migrate.regions import RegionFinder, modules_in
 from apexlite.migrate.steps import plan_steps, step_calls
 from apexlite.migrate.values import bind, elements, literal
@@ -124,7 +124,8 @@ class ScaleLossPlanner:
                 (condition.key(analysis) for condition in read_guard(analysis, call).conditions))
 
         for condition in read_guard(analysis, statement).conditions:
-            if condition.key(analysis) in ran_under or not branch_calls_backward(analysis, condition, guarded_itself):
+            if condition.key(analysis) in ran_under or self._passed_flag(unit, condition, ran_under) or \
+                    not branch_calls_backward(analysis, condition, guarded_itself):
                 continue
             test = analysis.code(condition.test).strip()
             when = f"`{self.setup.enabled}`" if self.setup.enabled else "always"
@@ -134,6 +135,31 @@ class ScaleLossPlanner:
                                       "gradients. Test the same flag here as around amp.initialize (or pass "
                                       "enabled= to it) and run migrate again")
             return False
+        return True
+
+    def _passed_flag(self, unit: Unit, condition, ran_under) -> bool:
+        """Whether `condition` tests a parameter every call of its function passes amp.initialize's own flag
+        to (`train(..., fp16=args.fp16)` with `if args.fp16: amp.initialize(...)`), meaning there what it
+        means at amp.initialize."""
+        test, positive = condition.test, condition.positive
+        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test, positive = test.expression, not positive
+        if not isinstance(test, cst.Name):
+            return False
+        scope = unit.analysis.scope(test)
+        bindings = list(scope[test.value]) if scope is not None else []
+        if len(bindings) != 1 or not isinstance(getattr(bindings[0], "node", None), cst.Param):
+            return False
+        function = unit.analysis.enclosing_scope_owner(bindings[0].node)
+        thread = unit.ties.threads.get(id(function))
+        if thread is None:
+            return False
+        for call_key, call in thread.calls:
+            caller = next((other for other in self.units if other.key == call_key), None)
+            argument = argument_for(function, call, test.value) if caller is not None else None
+            if argument is None or not caller.home or key(caller.analysis, argument, positive) not in ran_under \
+                    or not resolves_alike(caller.analysis, self.setup.flags, call):
+                return False
         return True
 
     # --- planning --------------------------------------------------------------------------------------

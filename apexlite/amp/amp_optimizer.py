@@ -16,7 +16,7 @@ from apexlite._logging import get_logger
 from apexlite.amp.errors import AmpStateError, AmpUsageError
 from apexlite.amp.plain_grads import PlainGrads
 from apexlite.amp.optimizer_step import OneShotSkip, bind_amp_step, replaces_step
-from apexlite.amp.scaler import LossScaler
+from apexlite.amp.scaler import SCALE_FLOOR, LossScaler
 
 if TYPE_CHECKING:
     from apexlite.amp.grad_strategy import GradStrategy
@@ -26,6 +26,8 @@ log = get_logger("amp")
 OVERFLOW_MESSAGE = "Gradient overflow.  Skipping step, loss scaler {} reducing loss scale to {}"
 LAZY_INIT_METHODS = ("_lazy_init_maybe_master_weights", "_amp_lazy_init")
 STATIC_OVERFLOW_MESSAGE = "Gradient overflow.  Skipping step, loss scaler {} keeps its static loss scale {}"
+FLOOR_OVERFLOW_MESSAGE = ("Gradient overflow.  Skipping step, loss scaler {} is at its floor {} (apexlite's lowest "
+                          "scale: overflows there come from inf/NaN that no scale fixes)")
 
 
 class AmpOptimizer:
@@ -140,7 +142,8 @@ class AmpOptimizer:
         finally:  # the overflowed grads go whatever happens (they must never reach a later step)
             self.grads.on_skip()
         self.session.stats.record_step(skipped=True)
-        template = OVERFLOW_MESSAGE if scaler.dynamic else STATIC_OVERFLOW_MESSAGE
+        template = STATIC_OVERFLOW_MESSAGE if not scaler.dynamic else \
+            FLOOR_OVERFLOW_MESSAGE if scaler.loss_scale() <= SCALE_FLOOR else OVERFLOW_MESSAGE
         self.session.info(template.format(loss_id, scaler.loss_scale()), all_ranks=True)
         return None
 

@@ -59,6 +59,25 @@ def test_many_overflows_in_a_row_floor_the_scale_and_a_clean_step_stays_finite(o
         amp.deinitialize()
 
 
+def test_overflows_at_the_floor_say_so_instead_of_reducing(caplog):
+    """apex's message says the scale is reduced; at apexlite's floor it no longer is, and the message says that."""
+    model, opt = build("O1", verbosity=1)
+    try:
+        x = torch.randn(3, 4)
+        with caplog.at_level("INFO", logger="apexlite.amp"):
+            for _ in range(200):
+                step(model, opt, x, poison_grad=True)
+        messages = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Gradient overflow.")]
+        assert len(messages) == 200
+        assert messages[0] == "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0"
+        floor = [m for m in messages if "is at its floor" in m]
+        assert floor and all(m.startswith(f"Gradient overflow.  Skipping step, loss scaler 0 is at its floor "
+                                          f"{SCALE_FLOOR}") for m in floor)
+        assert not any(f"reducing loss scale to {SCALE_FLOOR}" in m for m in messages)
+    finally:
+        amp.deinitialize()
+
+
 def test_a_loss_that_is_always_nan_stops_with_a_clear_error_at_the_limit():
     model, opt = build("O1", max_nonfinite_losses=30)
     try:

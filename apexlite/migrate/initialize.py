@@ -265,7 +265,7 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
         plan.todo(call, f"amp.initialize would refuse these options: {error}")
         return None
     dtype = str(low_dtype).replace("torch.", "")
-    recipe, loss_scale = _recipe(plan, options, properties, enabled, call)
+    recipe, loss_scale = _recipe(plan, options, properties, enabled, call, anchor)
     if recipe is None:
         return None
     num_losses = literal(analysis, bound.value("num_losses")) if bound.value("num_losses") is not None else 1
@@ -289,15 +289,16 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
     return setup
 
 
-def _recipe(plan: Plan, options: MigrateOptions, properties, enabled: Any, call: cst.Call):
+def _recipe(plan: Plan, options: MigrateOptions, properties, enabled: Any, call: cst.Call,
+            anchor: Optional[cst.CSTNode] = None):
     if enabled is False:
         return NONE, 1.0
     loss_scale = properties.loss_scale
     if properties.patch_torch_functions:
         return AUTOCAST, loss_scale
     if properties.master_weights:  # O2 with --o2=bf16-autocast (O2_APEXLITE was kept before resolving)
-        plan.comment(call, "O2 (fp16 weights, fp32 master weights) became bf16 autocast over the fp32 model "
-                           "(--o2=bf16-autocast); bf16 needs no loss scaling")
+        plan.comment(anchor if anchor is not None else call, "O2 (fp16 weights, fp32 master weights) became bf16 "
+                     "autocast over the fp32 model (--o2=bf16-autocast); bf16 needs no loss scaling")
         return AUTOCAST, 1.0  # bf16 autocast: fp32 weights, bf16 has fp32's range, no scaling
     if properties.cast_model_type in (None, False) or str(properties.cast_model_type) == "torch.float32":
         return NONE, loss_scale

@@ -47,14 +47,20 @@ def _clip_call(unit: Unit, call: cst.Call) -> bool:
         (dotted_text(outer.func) or "").rsplit(".", 1)[-1] in CLIP_FUNCTIONS
 
 
-def _between_steps(unit: Unit, call: cst.Call, index: int) -> bool:
+def _between_steps(unit: Unit, call: cst.CSTNode, index: int) -> bool:
     """Whether a clip in a loop can run where the optimizer does not step: a step of optimizer `index` in the
     same function sits under an `if` or loop inside the loop they share that the clip is not under (Swin's
     gradient accumulation clips every micro-batch and steps every N). GradScaler unscales once per step."""
     analysis = unit.analysis
     owner = analysis.enclosing_scope_owner(call)
+    steps = [step for _, step in step_calls([unit], index)]
+    thread = unit.ties.threads.get(id(owner)) if owner is not None else None
+    if thread is not None and not any(analysis.enclosing_scope_owner(step) is owner for step in steps):
+        # a clip in a helper (a backward helper that also clips): judged where the helper is called
+        return any(_between_steps(unit, place, index) for key, place in thread.calls
+                   if key == unit.key and analysis.enclosing_scope_owner(place) is not owner)
     around_clip = {id(node) for node in analysis.ancestors(call)}
-    for _, step in step_calls([unit], index):
+    for step in steps:
         if analysis.enclosing_scope_owner(step) is not owner:
             continue
         guarded, shared = False, None

@@ -20,7 +20,7 @@ from apexlite.migrate import apis
 from apexlite.migrate.analysis import ApexUse
 from apexlite.migrate.device import RUNTIME
 from apexlite.migrate.edits import comment_line, expression
-from apexlite.migrate.guards import branch_calls_backward, key, read_guard, resolves_alike
+from apexlite.migrate.guards import Condition, branch_calls_backward, key, read_guard, resolves_alike
 from apexlite.migrate.initialize import AUTOCAST, AmpSetup
 from apexlite.migrate.reach import Unit, argument_for
 from apexlite.migrate.regions import RegionFinder, modules_in
@@ -114,18 +114,10 @@ class ScaleLossPlanner:
         conditions amp.initialize ran under: the GradScaler is enabled exactly then, and must not step
         gradients the other branch computed unscaled."""
         analysis = unit.analysis
-        ran_under = {key(analysis, test, True) for test in self.setup.flags[len(self.setup.guard.conditions):]}
-        ran_under |= {condition.key(analysis) for condition in self.setup.guard.conditions}
-        def guarded_itself(call: cst.Call) -> bool:
-            """A backward of the other branch that is scaled, or runs only where amp.initialize did not."""
-            return any(isinstance(node, cst.With) and any("scale_loss" in analysis.code(item.item) for item in node.items)
-                       for node in analysis.ancestors(call)) or any(
-                (test, not positive) in ran_under for test, positive in
-                (condition.key(analysis) for condition in read_guard(analysis, call).conditions))
-
+        ran_under = self._ran_under(analysis)
         for condition in read_guard(analysis, statement).conditions:
             if condition.key(analysis) in ran_under or self._passed_flag(unit, condition, ran_under) or \
-                    not branch_calls_backward(analysis, condition, guarded_itself):
+                    not branch_calls_backward(analysis, condition, lambda call: self.scaled_or_amp_off(unit, call)):
                 continue
             test = analysis.code(condition.test).strip()
             when = f"`{self.setup.enabled}`" if self.setup.enabled else "always"
@@ -136,6 +128,25 @@ class ScaleLossPlanner:
                                       "enabled= to it) and run migrate again")
             return False
         return True
+
+    def _ran_under(self, analysis) -> set:
+        """The keys of the conditions amp.initialize ran under (its `if`s and its enabled= flag)."""
+        ran_under = {key(analysis, test, True) for test in self.setup.flags[len(self.setup.guard.conditions):]}
+        return ran_under | {condition.key(analysis) for condition in self.setup.guard.conditions}
+
+    def scaled_or_amp_off(self, unit: Unit, call: cst.Call) -> bool:
+        """Whether a `.backward()` call is scaled (inside amp.scale_loss) or runs only where amp.initialize
+        did not (the `else` of its flag)."""
+        analysis = unit.analysis
+        if any(isinstance(node, cst.With) and any("scale_loss" in analysis.code(item.item) for item in node.items)
+               for node in analysis.ancestors(call)):
+            return True
+        ran_under = self._ran_under(analysis)
+        for condition in read_guard(analysis, call).conditions:
+            opposite = Condition(condition.test, not condition.positive, condition.owner)  # where it does not run
+            if opposite.key(analysis) in ran_under or self._passed_flag(unit, opposite, ran_under):
+                return True
+        return False
 
     def _passed_flag(self, unit: Unit, condition, ran_under) -> bool:
         """Whether `condition` tests a parameter every call of its function passes amp.initialize's own flag

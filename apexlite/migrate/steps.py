@@ -7,7 +7,7 @@ migration, wherever the optimizer is reached (apexlite.migrate.reach).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import libcst as cst
 
@@ -61,6 +61,13 @@ def plan_steps(planner: "ScaleLossPlanner", sites: List["Site"]) -> bool:
             unit.plan.todo(call, f"write this step as `{scaler.name}.step(optimizer)` then `{scaler.name}.update()` "
                                  "(GradScaler.step takes no closure)")
         for unit, call in (step for calls in steps.values() for step in calls):
+            why = _step_hazard(planner, unit, call, own_sites)
+            if why is not None:
+                unit.plan.todo(call, f"{why}; GradScaler.step needs grads that {scaler.name}.scale(...) scaled since "
+                                     "the last update: step the unscaled grads with a plain `optimizer.step()` "
+                                     "of their own, or scale every backward before this step")
+                bad.append((unit, call))
+        for unit, call in (step for calls in steps.values() for step in calls):
             if not unit.ties.reaches_scaler(call):
                 unit.plan.todo(call, f"this step needs {scaler.name}.step/.update, but the GradScaler is not "
                                      "reachable here: pass it in like the optimizer and run migrate again")
@@ -70,6 +77,56 @@ def plan_steps(planner: "ScaleLossPlanner", sites: List["Site"]) -> bool:
     if len(planned) != len(planner.scalers):
         return False
     return all([_rewrite(scaler, steps, planner) for scaler, steps in planned])
+
+
+def _step_hazard(planner: "ScaleLossPlanner", unit: "Unit", call: cst.Call, sites: List["Site"]) -> Optional[str]:
+    """Why a step of an amp optimizer cannot become `scaler.step`: an unscaled backward in its function (a
+    regulariser's `reg.backward()`: the GradScaler would divide those grads by the scale), or a step that runs
+    before the scaled backward of its iteration (GradScaler.step refuses it). A step in a helper that receives
+    the optimizer is judged where the helper is called."""
+    analysis = unit.analysis
+    owner = analysis.enclosing_scope_owner(call)
+    places: List[Tuple["Unit", cst.CSTNode]] = [(unit, call)]
+    thread = unit.ties.threads.get(id(owner)) if owner is not None else None
+    if thread is not None and not any(site.unit is unit and _within(analysis, site.statement, owner) for site in sites):
+        places = [(other, node) for other in planner.units for key, node in thread.calls if key == other.key]
+        for other, node in places:
+            if not any(position < other.analysis.position(node) for position in _backward_points(other, node, sites)):
+                return f"this step (through `{other.analysis.code(node)}`) runs before any scaled backward there"
+    for place_unit, node in places:
+        place = place_unit.analysis
+        scope = place.enclosing_scope_owner(node) or place.module
+        for backward in place.walk(scope, cst.Call):
+            func = backward.func
+            if isinstance(func, cst.Attribute) and func.attr.value == "backward" and not backward.args \
+                    and not planner.scaled_or_amp_off(place_unit, backward):
+                return (f"`{place.code(backward)}` in this function is a backward amp never scaled, and this step "
+                        "would go through the GradScaler")
+        loops = [a for a in place.ancestors(node) if isinstance(a, (cst.For, cst.While))]
+        inner = loops[0] if loops else None
+        in_loop = [site for site in sites if site.unit is place_unit and inner is not None
+                   and _within(place, site.statement, inner)]
+        if in_loop and all(place.position(site.statement) > place.position(node) for site in in_loop):
+            return "this step runs before the scaled backward of its loop iteration"
+    return None
+
+
+def _within(analysis, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+    return any(ancestor is outer for ancestor in analysis.ancestors(node))
+
+
+def _backward_points(unit: "Unit", node: cst.CSTNode, sites: List["Site"]) -> List[int]:
+    """Positions, in the function holding `node`, of scaled backward passes: scale_loss blocks and calls of
+    module-level functions that hold one."""
+    analysis = unit.analysis
+    scope = analysis.enclosing_scope_owner(node) or analysis.module
+    holders = {statement.name.value for statement in analysis.module.body if isinstance(statement, cst.FunctionDef)
+               and any(site.unit is unit and _within(analysis, site.statement, statement) for site in sites)}
+    points = [analysis.position(site.statement) for site in sites if site.unit is unit
+              and analysis.enclosing_scope_owner(site.statement) is analysis.enclosing_scope_owner(node)]
+    points += [analysis.position(call) for call in analysis.walk(scope, cst.Call)
+               if isinstance(call.func, cst.Name) and call.func.value in holders]
+    return points
 
 
 def _before_every_backward(step: Step, sites: List["Site"]) -> bool:

@@ -125,6 +125,10 @@ class Analysis(cst.MetadataDependent):
             yield current
             current = self.parent(current)
 
+    def within(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+        """Whether `node` lies inside `outer` (a function, a loop, a block)."""
+        return any(ancestor is outer for ancestor in self.ancestors(node))
+
     def statement_of(self, node: cst.CSTNode) -> cst.BaseStatement:
         """The statement, directly in a block (module or indented block), that holds `node`."""
         current = node

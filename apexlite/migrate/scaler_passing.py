@@ -8,7 +8,6 @@ from typing import Dict, List, Optional
 
 import libcst as cst
 
-from apexlite.migrate.analysis import Analysis
 from apexlite.migrate.edits import Plan
 from apexlite.migrate.reach import Key, Thread, Ties
 
@@ -54,7 +53,7 @@ def _needed(plans: Dict[Key, Plan], ties: Dict[Key, Ties]) -> List[Thread]:
         inside = [use.node for use in analysis.uses] + [
             call for call in analysis.walk(thread.function, cst.Call) if isinstance(call.func, cst.Attribute)
             and call.func.attr.value == "step" and ties[thread.key].optimizer(call.func.value) is not None]
-        if any(_within(analysis, node, thread.function) for node in inside):
+        if any(analysis.within(node, thread.function) for node in inside):
             needed.append(thread)
     changed = True
     while changed:
@@ -63,15 +62,11 @@ def _needed(plans: Dict[Key, Plan], ties: Dict[Key, Ties]) -> List[Thread]:
             if thread in needed:
                 continue
             analysis = plans[thread.key].analysis
-            if any(key == thread.key and _within(analysis, call, thread.function)
+            if any(key == thread.key and analysis.within(call, thread.function)
                    for other in needed for key, call in other.calls):
                 needed.append(thread)
                 changed = True
     return needed
-
-
-def _within(analysis: Analysis, node: cst.CSTNode, function: cst.FunctionDef) -> bool:
-    return any(ancestor is function for ancestor in analysis.ancestors(node))
 
 
 def _add_parameters(names: List[str]):

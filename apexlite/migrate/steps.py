@@ -88,7 +88,7 @@ def _step_hazard(planner: "ScaleLossPlanner", unit: "Unit", call: cst.Call, site
     owner = analysis.enclosing_scope_owner(call)
     places: List[Tuple["Unit", cst.CSTNode]] = [(unit, call)]
     thread = unit.ties.threads.get(id(owner)) if owner is not None else None
-    if thread is not None and not any(site.unit is unit and _within(analysis, site.statement, owner) for site in sites):
+    if thread is not None and not any(site.unit is unit and analysis.within(site.statement, owner) for site in sites):
         places = [(other, node) for other in planner.units for key, node in thread.calls if key == other.key]
         for other, node in places:
             if not any(position < other.analysis.position(node) for position in _backward_points(other, node, sites)):
@@ -105,14 +105,10 @@ def _step_hazard(planner: "ScaleLossPlanner", unit: "Unit", call: cst.Call, site
         loops = [a for a in place.ancestors(node) if isinstance(a, (cst.For, cst.While))]
         inner = loops[0] if loops else None
         in_loop = [site for site in sites if site.unit is place_unit and inner is not None
-                   and _within(place, site.statement, inner)]
+                   and place.within(site.statement, inner)]
         if in_loop and all(place.position(site.statement) > place.position(node) for site in in_loop):
             return "this step runs before the scaled backward of its loop iteration"
     return None
-
-
-def _within(analysis, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
-    return any(ancestor is outer for ancestor in analysis.ancestors(node))
 
 
 def _backward_points(unit: "Unit", node: cst.CSTNode, sites: List["Site"]) -> List[int]:
@@ -121,7 +117,7 @@ def _backward_points(unit: "Unit", node: cst.CSTNode, sites: List["Site"]) -> Li
     analysis = unit.analysis
     scope = analysis.enclosing_scope_owner(node) or analysis.module
     holders = {statement.name.value for statement in analysis.module.body if isinstance(statement, cst.FunctionDef)
-               and any(site.unit is unit and _within(analysis, site.statement, statement) for site in sites)}
+               and any(site.unit is unit and analysis.within(site.statement, statement) for site in sites)}
     points = [analysis.position(site.statement) for site in sites if site.unit is unit
               and analysis.enclosing_scope_owner(site.statement) is analysis.enclosing_scope_owner(node)]
     points += [analysis.position(call) for call in analysis.walk(scope, cst.Call)
@@ -140,7 +136,7 @@ def _before_every_backward(step: Step, sites: List["Site"]) -> bool:
         return False
     loops = [node for node in analysis.ancestors(call) if isinstance(node, (cst.For, cst.While))]
     return all(analysis.position(site.statement) > analysis.position(call) and not any(
-        id(loop) in {id(a) for a in analysis.ancestors(site.statement)} for loop in loops) for site in sites)
+        analysis.within(site.statement, loop) for loop in loops) for site in sites)
 
 
 def _plain(unit: "Unit", call: cst.Call) -> bool:

@@ -88,8 +88,7 @@ class AmpOptimizer:
         self.grads.post(scaler)
         self.params_have_scaled_gradients = False
         if self.has_masters and not self._warned_model_grads_changed:
-            self._model_grad_versions = [(param.grad, param.grad._version) for param, _ in self.grads.master_pairs()
-                                         if param.grad is not None]
+            self._model_grad_versions = [(grad, grad._version) for grad in self.grads.model_grad_sample()]
 
     def new_grads(self) -> List[torch.Tensor]:
         return self.grads.new_grads()

@@ -30,6 +30,7 @@ import torch
 
 from apexlite.amp.plain_grads import PlainGrads, optimizer_params
 from apexlite.amp.checks import sparse_grad_error
+from apexlite.amp.grad_strategy import spread
 from apexlite.amp.checkpoint_convert import without_marker
 from apexlite.amp.master import LOW_PRECISION, MASTERS_KEY, check_saved_masters, copy_into
 from apexlite.amp.master_sync import MasterSync
@@ -60,6 +61,7 @@ class FusedMasterGrads:
         self._grads_scale = 1.0  # fast mode: the loss scale every current grad carries
         self._fp32_mode = False
         self._stash: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        self._grad_sample: List[torch.Tensor] = []  # model_grad_sample: from the last post
         self._set_grad_scale = False
         self._own_leave_flag: Any = _ABSENT
         self.update_finished = False  # set by the step post-hook: this step's update is done
@@ -84,6 +86,9 @@ class FusedMasterGrads:
         """(model param, fp32 master) for every half param of the optimizer."""
         return [(p, self._master(p)) for p in self._half_params()]
 
+    def model_grad_sample(self) -> List[torch.Tensor]:
+        return self._grad_sample
+
     # --- strategy interface used by AmpOptimizer ------------------------------------------------
     def prepare(self) -> None:
         self.sync_from_model()
@@ -99,18 +104,20 @@ class FusedMasterGrads:
                 param.grad = None
 
     def post(self, scaler: LossScaler) -> None:
-        if any(p.grad is not None and p.grad.is_sparse for p in optimizer_params(self.optimizer)):
+        fresh = [grad for grad in (p.grad for p in optimizer_params(self.optimizer)) if grad is not None]
+        if any(grad.is_sparse for grad in fresh):
             raise sparse_grad_error()
         if not self._fp32_mode and not self._stash:
             self._grads_scale = scaler.loss_scale() if scaler.checks_overflow else 1.0
-            fresh = [p.grad for p in optimizer_params(self.optimizer) if p.grad is not None]
             if fresh and scaler.checks_overflow:
                 scaler.check(fresh)
+            self._grad_sample = spread([grad for grad in fresh if grad.dtype in LOW_PRECISION])
             return
         if not self._fp32_mode:
             self._fp32_grads.adopt_stash(self._enter_fp32_mode(self._stash))
             self._stash = []
         halves = [p for p in self._half_params() if p.grad is not None]
+        self._grad_sample = [p.grad for p in spread(halves)]
         fresh = [p.grad.to(torch.float32, copy=True) for p in halves]
         if fresh and scaler.checks_overflow:
             scaler.unscale(fresh)

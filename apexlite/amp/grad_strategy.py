@@ -10,12 +10,21 @@ block raised with overflowed grads) after it, then `before_step`, the optimizer'
 """
 from __future__ import annotations
 
-from typing import Any, List, Protocol, Tuple, runtime_checkable
+from typing import Any, List, Protocol, Sequence, Tuple, TypeVar, runtime_checkable
 
 import torch
 
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.scaler import LossScaler
+
+T = TypeVar("T")
+
+
+def spread(items: Sequence[T]) -> List[T]:
+    """The first, middle and last of `items`: a clip or rescale of a model's grads touches every one of them,
+    so these few stand for all at a cost that does not grow with the param count."""
+    picks = {0, len(items) // 2, len(items) - 1} if items else set()
+    return [items[i] for i in sorted(picks)]
 
 
 @runtime_checkable
@@ -42,6 +51,10 @@ class GradStrategy(Protocol):
 
     def master_pairs(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """(model param, fp32 master) pairs; empty where the optimizer steps the model params."""
+
+    def model_grad_sample(self) -> List[torch.Tensor]:
+        """A few of the low-precision grads the last `post` left on the model params (see `spread`), which
+        AmpOptimizer watches for edits before the step; empty where the optimizer steps the model params."""
 
     def lazy_init(self) -> None:
         """apex's lazy master init, which scripts call as `optimizer._lazy_init_maybe_master_weights()` (BERT's

@@ -33,6 +33,7 @@ from apexlite.amp.plain_grads import PlainGrads, optimizer_params
 from apexlite.amp.checkpoint_convert import MASTERS_KEY, mark_masters, without_marker
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.errors import AmpUsageError
+from apexlite.amp.grad_strategy import spread
 from apexlite.amp.master_sync import MasterSync
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.optimizer_step import register_first_post_hook
@@ -85,6 +86,7 @@ class MasterParams:
         self._fp32_sources = fp32_sources or {}
         self.update_finished = False  # set by the step post-hook: this step's update is done
         self._model_follows = False  # ... and the model params hold the updated masters
+        self._grad_sample: List[torch.Tensor] = []  # model_grad_sample: from the last post
         self.restored = 0  # masters taken from per-param state a checkpoint loaded before initialize carried
         for group in optimizer.param_groups:
             self._replace_in_group(group)
@@ -136,6 +138,7 @@ class MasterParams:
         pairs = [(m, p.grad) for p, m in zip(self.model_params, self.masters) if p.grad is not None]
         if any(grad.is_sparse for _, grad in pairs):
             raise sparse_grad_error()
+        self._grad_sample = [grad for _, grad in spread(pairs)]
         if pairs:
             fresh = [grad.to(torch.float32, copy=True) for _, grad in pairs]
             if scaler.checks_overflow:
@@ -158,6 +161,9 @@ class MasterParams:
     def master_pairs(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         """(model param, fp32 master) for every low-precision param the optimizer trains."""
         return list(zip(self.model_params, self.masters))
+
+    def model_grad_sample(self) -> List[torch.Tensor]:
+        return self._grad_sample
 
     def lazy_init(self) -> None:
         """The masters take the model's weights where they changed since initialize (MasterSync's first use)."""

@@ -94,6 +94,10 @@ class PlainGrads:
         """(model param, fp32 master) pairs: none, the optimizer steps the model params."""
         return []
 
+    def model_grad_sample(self) -> List[torch.Tensor]:
+        """None: the optimizer steps the model params, so their grads are the ones it uses."""
+        return []
+
     def lazy_init(self) -> None:
         """No masters here: nothing to build."""
 

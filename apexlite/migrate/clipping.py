@@ -54,10 +54,10 @@ def _between_steps(unit: Unit, call: cst.CSTNode, index: int) -> bool:
     analysis = unit.analysis
     owner = analysis.enclosing_scope_owner(call)
     steps = [step for _, step in step_calls([unit], index)]
-    thread = unit.ties.threads.get(id(owner)) if owner is not None else None
-    if thread is not None and not any(analysis.enclosing_scope_owner(step) is owner for step in steps):
+    calls = unit.ties.calls_of(owner)
+    if calls is not None and not any(analysis.enclosing_scope_owner(step) is owner for step in steps):
         # a clip in a helper (a backward helper that also clips): judged where the helper is called
-        return any(_between_steps(unit, place, index) for key, place in thread.calls
+        return any(_between_steps(unit, place, index) for key, place in calls
                    if key == unit.key and analysis.enclosing_scope_owner(place) is not owner)
     around_clip = {id(node) for node in analysis.ancestors(call)}
     for step in steps:

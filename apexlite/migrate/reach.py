@@ -71,6 +71,12 @@ class Ties:
             return self.imported.optimizers.get(node.value)
         return None
 
+    def calls_of(self, function: Optional[cst.CSTNode]) -> Optional[List[Tuple[Key, cst.Call]]]:
+        """Where a function of this file that receives amp's optimizer is called, as (file key, call) in every
+        file migrate reads; None for any other function (a helper is judged where it is called)."""
+        thread = self.threads.get(id(function)) if function is not None else None
+        return None if thread is None else list(thread.calls)
+
     def model_names(self) -> Set[str]:
         return {name for thread in self.threads.values() for name in thread.models}
 

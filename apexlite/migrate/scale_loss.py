@@ -20,9 +20,10 @@ from apexlite.migrate import apis
 from apexlite.migrate.analysis import ApexUse
 from apexlite.migrate.device import RUNTIME
 from apexlite.migrate.edits import comment_line, expression
-from apexlite.migrate.guards import Condition, branch_calls_backward, key, read_guard, resolves_alike
+from apexlite.migrate.flag_guards import FlagGuards
+from apexlite.migrate.guards import branch_calls_backward, read_guard, resolves_alike
 from apexlite.migrate.initialize import AUTOCAST, AmpSetup
-from apexlite.migrate.reach import Unit, argument_for
+from apexlite.migrate.reach import Unit
 from apexlite.migrate.regions import RegionFinder, modules_in
 from apexlite.migrate.steps import plan_steps, step_calls
 from apexlite.migrate.values import bind, elements, literal
@@ -65,6 +66,7 @@ class ScaleLossPlanner:
         self.scaler_of_loss: Dict[int, Scaler] = {}
         self.scaler_of_optimizer: Dict[int, Scaler] = {}
         self.sites: List[Site] = []  # the scale_loss blocks tied to this amp.initialize
+        self.flag_guards = FlagGuards(units, setup)
 
     def optimizer_name(self, index: int) -> str:
         return self.setup.optimizers[index]
@@ -114,10 +116,9 @@ class ScaleLossPlanner:
         conditions amp.initialize ran under: the GradScaler is enabled exactly then, and must not step
         gradients the other branch computed unscaled."""
         analysis = unit.analysis
-        ran_under = self._ran_under(analysis)
         for condition in read_guard(analysis, statement).conditions:
-            if condition.key(analysis) in ran_under or self._passed_flag(unit, condition, ran_under) or \
-                    not branch_calls_backward(analysis, condition, lambda call: self.scaled_or_amp_off(unit, call)):
+            if self.flag_guards.means_amp_on(unit, condition) or not branch_calls_backward(
+                    analysis, condition, lambda call: self.flag_guards.scaled_or_amp_off(unit, call)):
                 continue
             test = analysis.code(condition.test).strip()
             when = f"`{self.setup.enabled}`" if self.setup.enabled else "always"
@@ -127,50 +128,6 @@ class ScaleLossPlanner:
                                       "gradients. Test the same flag here as around amp.initialize (or pass "
                                       "enabled= to it) and run migrate again")
             return False
-        return True
-
-    def _ran_under(self, analysis) -> set:
-        """The keys of the conditions amp.initialize ran under (its `if`s and its enabled= flag)."""
-        ran_under = {key(analysis, test, True) for test in self.setup.flags[len(self.setup.guard.conditions):]}
-        return ran_under | {condition.key(analysis) for condition in self.setup.guard.conditions}
-
-    def scaled_or_amp_off(self, unit: Unit, call: cst.Call) -> bool:
-        """Whether a `.backward()` call is scaled (inside amp.scale_loss) or runs only where amp.initialize
-        did not (the `else` of its flag)."""
-        analysis = unit.analysis
-        if any(isinstance(node, cst.With) and any("scale_loss" in analysis.code(item.item) for item in node.items)
-               for node in analysis.ancestors(call)):
-            return True
-        ran_under = self._ran_under(analysis)
-        for condition in read_guard(analysis, call).conditions:
-            opposite = Condition(condition.test, not condition.positive, condition.owner)  # where it does not run
-            if opposite.key(analysis) in ran_under or self._passed_flag(unit, opposite, ran_under):
-                return True
-        return False
-
-    def _passed_flag(self, unit: Unit, condition, ran_under) -> bool:
-        """Whether `condition` tests a parameter every call of its function passes amp.initialize's own flag
-        to (`train(..., fp16=args.fp16)` with `if args.fp16: amp.initialize(...)`), meaning there what it
-        means at amp.initialize."""
-        test, positive = condition.test, condition.positive
-        while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-            test, positive = test.expression, not positive
-        if not isinstance(test, cst.Name):
-            return False
-        scope = unit.analysis.scope(test)
-        bindings = list(scope[test.value]) if scope is not None else []
-        if len(bindings) != 1 or not isinstance(getattr(bindings[0], "node", None), cst.Param):
-            return False
-        function = unit.analysis.enclosing_scope_owner(bindings[0].node)
-        thread = unit.ties.threads.get(id(function))
-        if thread is None:
-            return False
-        for call_key, call in thread.calls:
-            caller = next((other for other in self.units if other.key == call_key), None)
-            argument = argument_for(function, call, test.value) if caller is not None else None
-            if argument is None or not caller.home or key(caller.analysis, argument, positive) not in ran_under \
-                    or not resolves_alike(caller.analysis, self.setup.flags, call):
-                return False
         return True
 
     # --- planning --------------------------------------------------------------------------------------
@@ -300,10 +257,10 @@ class ScaleLossPlanner:
 def _callers_in(unit: Unit):
     """The calls of a function that receives amp's optimizer, when migrate sees them all in this file."""
     def callers(function) -> Optional[List[cst.Call]]:
-        thread = unit.ties.threads.get(id(function))
-        if thread is None or any(key != unit.key for key, _ in thread.calls):
+        calls = unit.ties.calls_of(function)
+        if calls is None or any(key != unit.key for key, _ in calls):
             return None
-        return [call for _, call in thread.calls]
+        return [call for _, call in calls]
     return callers
 
 

@@ -87,9 +87,9 @@ def _step_hazard(planner: "ScaleLossPlanner", unit: "Unit", call: cst.Call, site
     analysis = unit.analysis
     owner = analysis.enclosing_scope_owner(call)
     places: List[Tuple["Unit", cst.CSTNode]] = [(unit, call)]
-    thread = unit.ties.threads.get(id(owner)) if owner is not None else None
-    if thread is not None and not any(site.unit is unit and analysis.within(site.statement, owner) for site in sites):
-        places = [(other, node) for other in planner.units for key, node in thread.calls if key == other.key]
+    calls = unit.ties.calls_of(owner)
+    if calls is not None and not any(site.unit is unit and analysis.within(site.statement, owner) for site in sites):
+        places = [(other, node) for other in planner.units for key, node in calls if key == other.key]
         for other, node in places:
             if not any(position < other.analysis.position(node) for position in _backward_points(other, node, sites)):
                 return f"this step (through `{other.analysis.code(node)}`) runs before any scaled backward there"
@@ -99,7 +99,7 @@ def _step_hazard(planner: "ScaleLossPlanner", unit: "Unit", call: cst.Call, site
         for backward in place.walk(scope, cst.Call):
             func = backward.func
             if isinstance(func, cst.Attribute) and func.attr.value == "backward" and not backward.args \
-                    and not planner.scaled_or_amp_off(place_unit, backward):
+                    and not planner.flag_guards.scaled_or_amp_off(place_unit, backward):
                 return (f"`{place.code(backward)}` in this function is a backward amp never scaled, and this step "
                         "would go through the GradScaler")
         loops = [a for a in place.ancestors(node) if isinstance(a, (cst.For, cst.While))]

@@ -50,7 +50,8 @@ def _clip_call(unit: Unit, call: cst.Call) -> bool:
 def _between_steps(unit: Unit, call: cst.CSTNode, index: int) -> bool:
     """Whether a clip in a loop can run where the optimizer does not step: a step of optimizer `index` in the
     same function sits under an `if` or loop inside the loop they share that the clip is not under (Swin's
-    gradient accumulation clips every micro-batch and steps every N). GradScaler unscales once per step."""
+    gradient accumulation clips every micro-batch and steps every N), or every step of it in that function lies in
+    another branch of an `if` the clip is under. GradScaler unscales once per step."""
     analysis = unit.analysis
     owner = analysis.enclosing_scope_owner(call)
     steps = [step for _, step in step_calls([unit], index)]
@@ -59,19 +60,30 @@ def _between_steps(unit: Unit, call: cst.CSTNode, index: int) -> bool:
         # a clip in a helper (a backward helper that also clips): judged where the helper is called
         return any(_between_steps(unit, place, index) for key, place in calls
                    if key == unit.key and analysis.enclosing_scope_owner(place) is not owner)
-    around_clip = {id(node) for node in analysis.ancestors(call)}
-    for step in steps:
-        if analysis.enclosing_scope_owner(step) is not owner:
-            continue
-        guarded, shared = False, None
+    around_clip = [call, *analysis.ancestors(call)]
+    around_ids = {id(node) for node in around_clip}
+    own_steps = [step for step in steps if analysis.enclosing_scope_owner(step) is owner]
+    other_branch = 0
+    for step in own_steps:
+        guarded, shared, below = False, None, step
         for node in analysis.ancestors(step):
-            if id(node) in around_clip:
+            if id(node) in around_ids:
                 shared = node
                 break
-            guarded = guarded or isinstance(node, (cst.If, cst.For, cst.While, cst.Try))
+            guarded, below = guarded or isinstance(node, (cst.If, cst.For, cst.While, cst.Try)), node
+        if isinstance(shared, cst.If) and not any(node is below for node in around_clip):
+            other_branch += 1  # `if accumulating: ... step ... else: clip; step`: never in the clip's iteration
+            continue
         in_loop = shared is not None and any(isinstance(node, (cst.For, cst.While)) and node is not owner
                                              for node in [shared, *analysis.ancestors(shared)])
         if guarded and in_loop:
+            return True
+    if not own_steps or other_branch < len(own_steps):
+        return False
+    for node in analysis.ancestors(call):  # no step can follow the clip in its iteration: wrong in a loop
+        if node is owner:
+            return False
+        if isinstance(node, (cst.For, cst.While)):
             return True
     return False
 

@@ -69,7 +69,8 @@ RUN_AND_PRINT = {"o3": "print(model(torch.randn(2, 4)).dtype)", "gan_forward_fir
                  "eval_forward": "print(evaluate(torch.randn(2, 8)).dtype)", "distill_teacher": "print(soft.dtype)",
                  "clip_model_params": "print(float(grad_norm) < 1000)",  # scaled grads: a norm near 2**16 times larger
                  "backward_helper": "print(out.dtype)", "step_before_backward": "print(torch.isfinite(loss).item())",
-                 "nested_flag_guards": "print(outputs.dtype)"}
+                 "nested_flag_guards": "print(outputs.dtype)",
+                 "clip_branch_without_accumulation": "print(float(last_norm) < 1000)"}
 
 
 @pytest.mark.parametrize("name", list(RUN_AND_PRINT))

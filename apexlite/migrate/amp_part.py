@@ -135,11 +135,11 @@ def _name_the_other_files(children: Dict[Key, Plan], uses: Dict[Key, List[ApexUs
 
 
 def _plan_keep(unit: Unit, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
-    """O2 stays on apexlite's amp: only the import changes (imports.py), if every use is one apexlite.amp has."""
+    """O2 (and O3 in fp32 batchnorm or with an fp16 loss scale) stays on apexlite's amp: only the import changes
+    (imports.py), if every use is one apexlite.amp has."""
     plan = unit.plan
-    if unit.home:  # the report says why the file is kept on apexlite (report.KEPT_REASON)
-        plan.comment(setup.call, "O2 keeps amp from apexlite (torch has no fp32-master-weights recipe); "
-                                 "`apexlite migrate --o2=bf16-autocast` moves it to bf16 autocast")
+    if unit.home:  # the report says why the file is kept on apexlite (report.kept_reason)
+        plan.comment(setup.call, f"amp stays on apexlite: {setup.kept_reason}")
     for use in amp_uses:
         if use.bound == apis.AMP_MODULE:
             first = use.written[len(apis.AMP_MODULE) + 1:].split(".")[0]

@@ -6,8 +6,9 @@ the original did under apexlite. The recipe:
   - AUTOCAST (O1; O2 with --o2=bf16-autocast): torch.autocast around the forward and loss;
   - HALF (O3): the model cast to fp16/bf16, its floating inputs cast by a forward pre-hook, as apex did;
   - NONE (O0, enabled=False): plain fp32 training;
-  - KEEP (O2 by default): torch has no fp32-master-weights recipe, so the script keeps amp, imported
-    from apexlite by its real package name;
+  - KEEP (O2 by default; O3 with fp32 batchnorm or with an fp16 loss scale): torch has no recipe for
+    these (fp32 master weights; fp16 activations into fp32 batchnorm; unscaling fp16 grads), so the script
+    keeps amp, imported from apexlite by its real package name (AmpSetup.kept_reason says why);
 and, independently, one torch.amp.GradScaler per group of loss ids for a dynamic or static loss scale
 other than 1.0.
 """
@@ -36,6 +37,8 @@ _SIGNATURE = inspect.signature(apexlite_initialize).parameters
 POSITIONAL = tuple(name for name, p in _SIGNATURE.items() if p.kind is p.POSITIONAL_OR_KEYWORD)
 KEYWORD_ONLY = tuple(name for name, p in _SIGNATURE.items() if p.kind is p.KEYWORD_ONLY)
 _LEVEL_OPTIONS = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights", "loss_scale")
+O2_KEPT_REASON = ("O2's fp32 master weights have no torch.amp recipe; --o2=bf16-autocast moves it to native bf16 "
+                  "autocast instead")
 _NO_NATIVE_OPTIONS = {
     "cast_model_outputs": "torch.autocast has no output cast: cast the model's outputs where they are used",
     "min_loss_scale": "torch.amp.GradScaler has no lower bound on its scale",
@@ -67,6 +70,7 @@ class AmpSetup:
     anchor: Optional[cst.CSTNode] = None  # where migrate's comments about the call go
     flags: List[cst.BaseExpression] = field(default_factory=list)  # what `enabled` reads: the tests, enabled=
     scaler_names: List[str] = field(default_factory=list)  # the GradScalers the migration made
+    kept_reason: str = ""  # KEEP: what torch has no recipe for
 
     @property
     def scaled(self) -> bool:
@@ -246,12 +250,10 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
     if level == "O2" and options.o2 == O2_APEXLITE:  # amp stays; apexlite resolves the options at run time
         return AmpSetup(use, call, small, bound.value("models"), bound.value("optimizers"), list(model_targets),
                         list(optimizer_targets), KEEP, level, "float16", "dynamic", 1, None, guard=guard,
-                        anchor=anchor)
+                        anchor=anchor, kept_reason=O2_KEPT_REASON)
     enabled_node = bound.value("enabled")
     enabled = literal(analysis, enabled_node)
     flag_node = enabled_node if enabled is NOT_LITERAL else None
-    if guard.conditions or flag_node is not None:
-        check_guard(plan, guard, call, small, flag_node)
     overrides = _resolved_options(plan, options, bound, call, level, anchor)
     dtype_value = overrides.pop("dtype")
     try:
@@ -268,6 +270,12 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
     recipe, loss_scale = _recipe(plan, options, properties, enabled, call, anchor)
     if recipe is None:
         return None
+    if isinstance(recipe, Kept):  # amp stays: its guards and options work as they did
+        return AmpSetup(use, call, small, bound.value("models"), bound.value("optimizers"), list(model_targets),
+                        list(optimizer_targets), KEEP, level, dtype, "dynamic", 1, None, guard=guard, anchor=anchor,
+                        kept_reason=recipe.reason)
+    if guard.conditions or flag_node is not None:
+        check_guard(plan, guard, call, small, flag_node)
     num_losses = literal(analysis, bound.value("num_losses")) if bound.value("num_losses") is not None else 1
     if loss_scale == 1.0 or recipe == NONE:
         num_losses = num_losses if isinstance(num_losses, int) and num_losses >= 1 else 1  # no scalers to share out
@@ -289,6 +297,13 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
     return setup
 
 
+@dataclass
+class Kept:
+    """The KEEP recipe chosen after resolving the options, and why torch has no form of them."""
+
+    reason: str
+
+
 def _recipe(plan: Plan, options: MigrateOptions, properties, enabled: Any, call: cst.Call,
             anchor: Optional[cst.CSTNode] = None):
     if enabled is False:
@@ -303,13 +318,12 @@ def _recipe(plan: Plan, options: MigrateOptions, properties, enabled: Any, call:
     if properties.cast_model_type in (None, False) or str(properties.cast_model_type) == "torch.float32":
         return NONE, loss_scale
     if properties.keep_batchnorm_fp32:
-        plan.todo(call, "O3 with keep_batchnorm_fp32=True has no plain-torch form (fp16 activations into fp32 "
-                        "batchnorm need apex's casts); use torch.autocast (O1) or keep apexlite's amp")
-        return None, None
+        return Kept("O3 with keep_batchnorm_fp32=True has no plain-torch form (low-precision activations into "
+                    "fp32 batchnorm need amp's casts); to go native, train with O1 (torch.autocast) instead"), None
     if loss_scale != 1.0:
-        plan.todo(call, f"O3 with loss_scale={loss_scale!r}: torch.amp.GradScaler refuses to unscale fp16 "
-                        "gradients; use torch.autocast (O1) with a GradScaler, or keep apexlite's amp")
-        return None, None
+        return Kept(f"O3 with loss_scale={loss_scale!r} has no plain-torch form (torch.amp.GradScaler refuses to "
+                    "unscale fp16 gradients); to go native, train with O1 (torch.autocast) and a GradScaler "
+                    "instead"), None
     return HALF, loss_scale
 
 

@@ -11,8 +11,11 @@ from apexlite.wording import counted
 
 
 RECIPES = {AUTOCAST: "torch.autocast({dtype})", HALF: "the model in {dtype}", NONE: "fp32", KEEP: "amp kept from apexlite"}
-KEPT_REASON = ("amp stays, imported from apexlite, which the script now needs installed: torch.amp has no "
-               "fp32-master-weights recipe; --o2=bf16-autocast moves it to native bf16 autocast instead")
+
+
+def kept_reason(result: MigrationResult) -> str:
+    """Why a file kept amp (imported from apexlite) instead of moving to native torch.amp."""
+    return f"amp stays, imported from apexlite, which the script now needs installed: {result.setup.kept_reason}"
 
 
 def recipe(result: MigrationResult) -> str:
@@ -46,7 +49,7 @@ def format_report(result: MigrationResult, script: str, shown_as: str,
         lines.append(f"apexlite migrate: {head}: {_places(len(result.todos))} ({details})")
     elif result.needs_apexlite:
         lines.append(f"apexlite migrate: {head}: kept on apexlite, not migrated to native torch.amp ({how})")
-        lines.append(f"  why: {KEPT_REASON}")
+        lines.append(f"  why: {kept_reason(result)}")
     else:
         lines.append(f"apexlite migrate: {head}: migrated completely" + (f" ({how})" if how else ""))
     for todo, line in zip(result.todos, result.todo_lines):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from apexlite.migrate.files import KEPT, MIGRATED, NOT_REWRITTEN, REFUSED, TODOS, UNCHANGED, FileMigration
-from apexlite.migrate.report import KEPT_REASON, format_table, recipe
+from apexlite.migrate.report import format_table, kept_reason, recipe
 from apexlite.script_paths import Collection, skipped_summary
 from apexlite.wording import counted
 
@@ -76,9 +76,12 @@ def format_summary(files: List[FileMigration], found: Collection, written: Dict[
     for item in files:
         lines += _todo_lines(item)
     lines += _rerun_line(files)
-    kept = [item.path for item in files if item.write_error is None and item.outcome == KEPT]
-    if kept:
-        lines.append(f"  kept on apexlite ({', '.join(kept)}): {KEPT_REASON}")
+    kept: Dict[str, List[str]] = {}  # why -> the files kept on apexlite for it
+    for item in files:
+        if item.write_error is None and item.outcome == KEPT:
+            kept.setdefault(kept_reason(item.result), []).append(item.path)
+    for why, paths in kept.items():
+        lines.append(f"  kept on apexlite ({', '.join(paths)}): {why}")
     for item in files:
         if item.result is not None:
             lines += [f"  note {item.path}: {note}" for note in item.result.notes]

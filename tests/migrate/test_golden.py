@@ -70,7 +70,9 @@ RUN_AND_PRINT = {"o3": "print(model(torch.randn(2, 4)).dtype)", "gan_forward_fir
                  "clip_model_params": "print(float(grad_norm) < 1000)",  # scaled grads: a norm near 2**16 times larger
                  "backward_helper": "print(out.dtype)", "step_before_backward": "print(torch.isfinite(loss).item())",
                  "nested_flag_guards": "print(outputs.dtype)",
-                 "clip_branch_without_accumulation": "print(float(last_norm) < 1000)"}
+                 "clip_branch_without_accumulation": "print(float(last_norm) < 1000)",
+                 "o3_batchnorm_kept": "print(model[1].weight.dtype, f'{float(loss):.6f}')",
+                 "o3_fp16_loss_scale_kept": "print(model[0].weight.dtype, f'{float(loss):.6f}')"}
 
 
 @pytest.mark.parametrize("name", list(RUN_AND_PRINT))

@@ -132,7 +132,7 @@ def _o3_traps(program: Program, note: str, name: str, line: int, match) -> None:
                if isinstance(node, ast.Call))
 
 
-def _o2_kept(program: Program, note: str, name: str, line: int, match) -> None:
+def _amp_kept(program: Program, note: str, name: str, line: int, match) -> None:
     assert any(isinstance(node, ast.ImportFrom) and node.module == "apexlite" and any(
         alias.name == "amp" for alias in node.names) for node in program.nodes)
     assert program.calls("amp.initialize")
@@ -209,7 +209,7 @@ CLAIMS = [
     (r"apex's static loss_scale=([\d.e+]+): GradScaler has no static mode, so its growth is disabled; unlike apex, "
      r"an overflowing step is skipped and halves it", _static_scale),
     (r"O3 traps: .+", _o3_traps),
-    (r"O2 keeps amp from apexlite \(torch has no fp32-master-weights recipe\); .+", _o2_kept),
+    (r"amp stays on apexlite: .+", _amp_kept),
     (r"O2 \(fp16 weights, fp32 master weights\) became bf16 autocast over the fp32 model .+", _o2_bf16),
     (r"migrated for opt_level (O[0-3]) \(the script chose `.+` at run time\)", _chosen_level),
     (r"migrated for loss_scale (\S+) \(the script chose `.+` at run time\)", _chosen_scale),

@@ -57,7 +57,7 @@ def test_o2_kept_on_apexlite_is_its_own_outcome_with_the_reason():
     assert lines[0] == ("apexlite migrate: o2_keep.py -> out.py: kept on apexlite, not migrated to native torch.amp "
                         "(opt_level O2: amp kept from apexlite)")
     assert lines[1].startswith("  why: amp stays, imported from apexlite, which the script now needs installed: "
-                               "torch.amp has no fp32-master-weights recipe")
+                               "O2's fp32 master weights have no torch.amp recipe")
     assert not any("migrated completely" in line for line in lines)
 
 

@@ -9,8 +9,8 @@ dist.init_process_group("gloo")
 torch.manual_seed(dist.get_rank())
 model = torch.nn.Linear(4, 4)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-# apexlite migrate: O2 keeps amp from apexlite (torch has no fp32-master-weights recipe); `apexlite
-#     migrate --o2=bf16-autocast` moves it to bf16 autocast
+# apexlite migrate: amp stays on apexlite: O2's fp32 master weights have no torch.amp recipe;
+#     --o2=bf16-autocast moves it to native bf16 autocast instead
 model, optimizer = amp.initialize(model, optimizer, opt_level="O2", loss_scale=128.0)
 model = DDP(model, delay_allreduce=True)
 for _ in range(3):

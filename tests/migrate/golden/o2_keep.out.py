@@ -3,8 +3,8 @@ from apexlite import amp
 
 model = torch.nn.Linear(4, 4).cuda()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, fused=True)
-# apexlite migrate: O2 keeps amp from apexlite (torch has no fp32-master-weights recipe); `apexlite
-#     migrate --o2=bf16-autocast` moves it to bf16 autocast
+# apexlite migrate: amp stays on apexlite: O2's fp32 master weights have no torch.amp recipe;
+#     --o2=bf16-autocast moves it to native bf16 autocast instead
 model, optimizer = amp.initialize(model, optimizer, opt_level="O2", keep_batchnorm_fp32=True, loss_scale="dynamic")
 for _ in range(3):
     loss = model(torch.randn(2, 4).cuda()).float().sum()

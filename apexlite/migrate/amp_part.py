@@ -62,7 +62,7 @@ def plan_amp_files(plans: Dict[Key, Plan], home: Optional[Key], options: Migrate
                 _plan_without_setup(children[key], file_uses, elsewhere)
     else:
         ties = link({key: plan.analysis for key, plan in plans.items()}, home, setup.call, setup.optimizer_nodes,
-                    setup.model_nodes, resolve)
+                    setup.model_nodes, resolve, setup.home_class)
         units = [Unit(key, children[key], ties[key], key == home) for key in plans]
         origin = f"{shown(home)}:{setup.use.line}" if len(plans) > 1 else ""
         if setup.recipe == KEEP:

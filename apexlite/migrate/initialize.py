@@ -26,6 +26,7 @@ from apexlite.amp.environment import parse_dtype
 from apexlite.amp.opt_levels import OPT_LEVELS, resolve_properties
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import ApexUse, dotted_text
+from apexlite.migrate.class_ties import HomeClass, home_class
 from apexlite.migrate.device import CPU, CUDA, RUNTIME, built_here
 from apexlite.migrate.edits import Plan
 from apexlite.migrate.guards import Guard, check_guard, enabled_code, model_touched_before, read_guard
@@ -71,6 +72,7 @@ class AmpSetup:
     flags: List[cst.BaseExpression] = field(default_factory=list)  # what `enabled` reads: the tests, enabled=
     scaler_names: List[str] = field(default_factory=list)  # the GradScalers the migration made
     kept_reason: str = ""  # KEEP: what torch has no recipe for
+    home_class: Optional[HomeClass] = None  # amp.initialize on `self.` attributes in a method (class_ties.py)
 
     @property
     def scaled(self) -> bool:
@@ -287,7 +289,7 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
                      list(optimizer_targets), recipe, level,
                      "bfloat16" if recipe == AUTOCAST and properties.master_weights else dtype, loss_scale,
                      num_losses, enabled_code(analysis, guard.conditions, flag_node), guard=guard, anchor=anchor,
-                     flags=flags)
+                     flags=flags, home_class=home_class(analysis, call, list(optimizer_targets)))
     _choose_device(plan, setup, device)
     if setup.device == RUNTIME and guard.conditions and model_touched_before(analysis, guard, setup.call,
                                                                               setup.models):
@@ -333,5 +335,7 @@ def _choose_device(plan: Plan, setup: AmpSetup, device: str) -> None:
     setup.device = device
     if device == RUNTIME:
         setup.device_expr = plan.fresh_name("amp_device_type")
+        if setup.home_class is not None:  # the class's other methods read it too
+            setup.device_expr = setup.home_class.attribute(setup.device_expr)
     else:
         setup.device_expr = f'"{CUDA if device == CUDA else CPU}"'

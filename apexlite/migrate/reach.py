@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 import libcst as cst
 
 from apexlite.migrate.analysis import Analysis, dotted_text
+from apexlite.migrate.class_ties import HomeClass
 from apexlite.migrate.edits import Plan
 from apexlite.migrate.programs import ModuleIndex
 
@@ -48,8 +49,10 @@ class Ties:
     """One file's view: which expressions are amp's optimizers, and where the GradScaler can be read."""
 
     def __init__(self, analysis: Analysis, home_owner: Optional[cst.CSTNode], targets: Sequence[cst.CSTNode],
-                 threads: Dict[int, Thread], imported: Optional[ImportTie]) -> None:
+                 threads: Dict[int, Thread], imported: Optional[ImportTie],
+                 home_class: Optional[HomeClass] = None) -> None:
         self.analysis = analysis
+        self.home_class = home_class  # amp.initialize on `self.` attributes: the class's methods reach them
         self.home_owner = home_owner  # the scope amp.initialize runs in, when it is in this file
         self.targets = list(targets)
         self.threads = threads  # id(function) -> Thread, for functions of this file
@@ -57,6 +60,8 @@ class Ties:
 
     def optimizer(self, node: cst.CSTNode) -> Optional[int]:
         """The index of the amp optimizer `node` is, if it certainly is one."""
+        if self.home_class is not None and self.home_class.optimizer(self.analysis, node) is not None:
+            return self.home_class.optimizer(self.analysis, node)
         for index, target in enumerate(self.targets):
             if self.analysis.same_binding(node, target):
                 return index
@@ -91,6 +96,8 @@ class Ties:
     def reaches_scaler(self, node: cst.CSTNode) -> bool:
         """Whether a GradScaler made beside amp.initialize can be read at `node` under its own name."""
         if self.in_home_scope(node) or self.imported is not None:
+            return True
+        if self.home_class is not None and self.home_class.method_of(self.analysis, node) is not None:
             return True
         return any(id(ancestor) in self.threads for ancestor in self.analysis.ancestors(node))
 
@@ -232,7 +239,8 @@ def _references(analyses: Dict[Key, Analysis], key: Key, function: cst.FunctionD
 
 
 def link(analyses: Dict[Key, Analysis], home: Key, call: cst.Call, optimizer_targets: Sequence[cst.CSTNode],
-         model_targets: Sequence[cst.CSTNode], resolve: Resolver) -> Dict[Key, Ties]:
+         model_targets: Sequence[cst.CSTNode], resolve: Resolver,
+         home_class: Optional[HomeClass] = None) -> Dict[Key, Ties]:
     """Each file's Ties for the amp.initialize `call` in `home` (threads found to a fixpoint)."""
     home_analysis = analyses[home]
     home_owner = home_analysis.enclosing_scope_owner(call) or home_analysis.module
@@ -244,7 +252,7 @@ def link(analyses: Dict[Key, Analysis], home: Key, call: cst.Call, optimizer_tar
     def ties_of(key: Key) -> Ties:
         own = {id(t.function): t for t in threads.values() if t.key == key}
         if key == home:
-            return Ties(home_analysis, home_owner, optimizer_targets, own, None)
+            return Ties(home_analysis, home_owner, optimizer_targets, own, None, home_class)
         return Ties(analyses[key], None, [], own, imports[key])
 
     candidates = []

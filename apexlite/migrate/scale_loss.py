@@ -178,6 +178,8 @@ class ScaleLossPlanner:
             wanted = "scaler" if single else (f"scaler_{names[0].replace('.', '_')}" if len(names) == 1 else
                                               f"scaler{scaler.loss_ids[0]}")
             scaler.name = self._fresh_name(wanted)
+            if self.setup.home_class is not None:  # the class's other methods read it too
+                scaler.name = self.setup.home_class.attribute(scaler.name)
             self.scaler_of_loss.update({loss_id: scaler for loss_id in scaler.loss_ids})
             self.scaler_of_optimizer.update({index: scaler for index in scaler.optimizers})
         shared = [scaler for scaler in self.scalers if len(scaler.loss_ids) > 1]

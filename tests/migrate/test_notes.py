@@ -48,9 +48,9 @@ class Program:
             for item in node.items)]
 
     def grad_scalers(self) -> Dict[str, ast.Call]:
-        return {target.id: node.value for node in self.nodes if isinstance(node, ast.Assign)
+        return {_dotted(target): node.value for node in self.nodes if isinstance(node, ast.Assign)
                 and isinstance(node.value, ast.Call) and _dotted(node.value.func) == "torch.amp.GradScaler"
-                for target in node.targets if isinstance(target, ast.Name)}
+                for target in node.targets if isinstance(target, (ast.Name, ast.Attribute))}  # `self.scaler = ...`
 
     def method_calls(self, owner: str, method: str) -> List[ast.Call]:
         return self.calls(f"{owner}.{method}")
@@ -192,7 +192,7 @@ def _checkpoint(program: Program, note: str, name: str, line: int, match) -> Non
     below = _statement_below(program, name, line)
     scalers = program.grad_scalers()
     assert any(isinstance(node, ast.Call) and _dotted(node.func).endswith(".load_state_dict")
-               and _dotted(node.func).split(".")[0] in scalers for node in ast.walk(below)), ast.unparse(below)
+               and _dotted(node.func).rsplit(".", 1)[0] in scalers for node in ast.walk(below)), ast.unparse(below)
 
 
 def _early_step(program: Program, note: str, name: str, line: int, match) -> None:

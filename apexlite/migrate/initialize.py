@@ -2,15 +2,8 @@
 
 The call's options are resolved the way apexlite resolves them at run time (apexlite.amp.opt_levels:
 the level's defaults, the user's overrides, bf16's loss scale of 1.0), so the migrated script does what
-the original did under apexlite. The recipe:
-  - AUTOCAST (O1; O2 with --o2=bf16-autocast): torch.autocast around the forward and loss;
-  - HALF (O3): the model cast to fp16/bf16, its floating inputs cast by a forward pre-hook, as apex did;
-  - NONE (O0, enabled=False): plain fp32 training;
-  - KEEP (O2 by default; O3 with fp32 batchnorm or with an fp16 loss scale): torch has no recipe for
-    these (fp32 master weights; fp16 activations into fp32 batchnorm; unscaling fp16 grads), so the script
-    keeps amp, imported from apexlite by its real package name (AmpSetup.kept_reason says why);
-and, independently, one torch.amp.GradScaler per group of loss ids for a dynamic or static loss scale
-other than 1.0.
+the original did under apexlite. The recipe it becomes is chosen in recipes.py; independently, each group
+of loss ids gets one torch.amp.GradScaler for a dynamic or static loss scale other than 1.0.
 """
 from __future__ import annotations
 
@@ -31,15 +24,13 @@ from apexlite.migrate.device import CPU, CUDA, RUNTIME, built_here
 from apexlite.migrate.edits import Plan
 from apexlite.migrate.guards import Guard, check_guard, enabled_code, model_touched_before, read_guard
 from apexlite.migrate.options import O2_APEXLITE, MigrateOptions
+from apexlite.migrate.recipes import AUTOCAST, HALF, KEEP, NONE, O2_KEPT_REASON, Kept, choose_recipe
 from apexlite.migrate.values import NOT_LITERAL, argparse_default, bind, elements, literal
 
-AUTOCAST, HALF, NONE, KEEP = "autocast", "half", "none", "keep"
 _SIGNATURE = inspect.signature(apexlite_initialize).parameters
 POSITIONAL = tuple(name for name, p in _SIGNATURE.items() if p.kind is p.POSITIONAL_OR_KEYWORD)
 KEYWORD_ONLY = tuple(name for name, p in _SIGNATURE.items() if p.kind is p.KEYWORD_ONLY)
 _LEVEL_OPTIONS = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights", "loss_scale")
-O2_KEPT_REASON = ("O2's fp32 master weights have no torch.amp recipe; --o2=bf16-autocast moves it to native bf16 "
-                  "autocast instead")
 _NO_NATIVE_OPTIONS = {
     "cast_model_outputs": "torch.autocast has no output cast: cast the model's outputs where they are used",
     "min_loss_scale": "torch.amp.GradScaler has no lower bound on its scale",
@@ -269,7 +260,7 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
         plan.todo(call, f"amp.initialize would refuse these options: {error}")
         return None
     dtype = str(low_dtype).replace("torch.", "")
-    recipe, loss_scale = _recipe(plan, options, properties, enabled, call, anchor)
+    recipe, loss_scale = choose_recipe(plan, properties, enabled, call, anchor)
     if recipe is None:
         return None
     if isinstance(recipe, Kept):  # amp stays: its guards and options work as they did
@@ -297,36 +288,6 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
                         "run time: migrate reads the device from the model before the `if`, where it may still "
                         "be elsewhere; move that code before the `if` and run migrate again")
     return setup
-
-
-@dataclass
-class Kept:
-    """The KEEP recipe chosen after resolving the options, and why torch has no form of them."""
-
-    reason: str
-
-
-def _recipe(plan: Plan, options: MigrateOptions, properties, enabled: Any, call: cst.Call,
-            anchor: Optional[cst.CSTNode] = None):
-    if enabled is False:
-        return NONE, 1.0
-    loss_scale = properties.loss_scale
-    if properties.patch_torch_functions:
-        return AUTOCAST, loss_scale
-    if properties.master_weights:  # O2 with --o2=bf16-autocast (O2_APEXLITE was kept before resolving)
-        plan.comment(anchor if anchor is not None else call, "O2 (fp16 weights, fp32 master weights) became bf16 "
-                     "autocast over the fp32 model (--o2=bf16-autocast); bf16 needs no loss scaling")
-        return AUTOCAST, 1.0  # bf16 autocast: fp32 weights, bf16 has fp32's range, no scaling
-    if properties.cast_model_type in (None, False) or str(properties.cast_model_type) == "torch.float32":
-        return NONE, loss_scale
-    if properties.keep_batchnorm_fp32:
-        return Kept("O3 with keep_batchnorm_fp32=True has no plain-torch form (low-precision activations into "
-                    "fp32 batchnorm need amp's casts); to go native, train with O1 (torch.autocast) instead"), None
-    if loss_scale != 1.0:
-        return Kept(f"O3 with loss_scale={loss_scale!r} has no plain-torch form (torch.amp.GradScaler refuses to "
-                    "unscale fp16 gradients); to go native, train with O1 (torch.autocast) and a GradScaler "
-                    "instead"), None
-    return HALF, loss_scale
 
 
 def _choose_device(plan: Plan, setup: AmpSetup, device: str) -> None:

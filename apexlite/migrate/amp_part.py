@@ -18,10 +18,12 @@ from apexlite.migrate.analysis import ApexUse
 from apexlite.migrate.clipping import plan_master_params, plan_other_clips
 from apexlite.migrate.device import RUNTIME
 from apexlite.migrate.edits import Plan, expression, small_statement
-from apexlite.migrate.initialize import AUTOCAST, HALF, KEEP, NONE, AmpSetup, read
+from apexlite.migrate.initialize import AmpSetup, read
+from apexlite.migrate.recipes import AUTOCAST, HALF, KEEP, NONE
 from apexlite.migrate.options import MigrateOptions
 from apexlite.migrate.proof import unproven
-from apexlite.migrate.reach import Key, Resolver, Unit, link
+from apexlite.migrate.import_ties import Key, Resolver
+from apexlite.migrate.reach import Unit, link
 from apexlite.migrate.scale_loss import ScaleLossPlanner
 from apexlite.migrate.scaler_passing import plan_threads
 from apexlite.migrate.state_dicts import plan_state

@@ -33,10 +33,11 @@ from apexlite.migrate.device import CPU, CUDA, RUNTIME, detect
 from apexlite.migrate.edits import TODO_PREFIX, Plan, Todo, wrapped_comment
 from apexlite.migrate.imports import ImportPlanner, with_imports
 from apexlite.migrate.leftovers import plan_leftovers
-from apexlite.migrate.initialize import KEEP, AmpSetup
+from apexlite.migrate.initialize import AmpSetup
+from apexlite.migrate.recipes import KEEP
 from apexlite.migrate.options import MigrateOptions
 from apexlite.migrate.programs import FileFacts, ImportGraph, mentions_apex, python_tree, read_facts
-from apexlite.migrate.reach import Resolver, module_resolver
+from apexlite.migrate.import_ties import Resolver, module_resolver
 from apexlite.migrate.replacements import plan_replacements
 from apexlite.migrate.rewrite_check import Applied, soundness_error
 from apexlite.migrate.usage import usage_of

@@ -24,7 +24,7 @@ from apexlite.migrate.device import CPU, CUDA, RUNTIME, built_here
 from apexlite.migrate.edits import Plan
 from apexlite.migrate.guards import Guard, check_guard, enabled_code, model_touched_before, read_guard
 from apexlite.migrate.options import O2_APEXLITE, MigrateOptions
-from apexlite.migrate.recipes import AUTOCAST, HALF, KEEP, NONE, O2_KEPT_REASON, Kept, choose_recipe
+from apexlite.migrate.recipes import AUTOCAST, KEEP, NONE, O2_KEPT_REASON, Kept, choose_recipe
 from apexlite.migrate.values import NOT_LITERAL, argparse_default, bind, elements, literal
 
 _SIGNATURE = inspect.signature(apexlite_initialize).parameters

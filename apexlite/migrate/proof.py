@@ -19,7 +19,8 @@ import libcst as cst
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import Analysis, dotted_text
 from apexlite.migrate.device import RUNTIME
-from apexlite.migrate.initialize import AUTOCAST, AmpSetup
+from apexlite.migrate.initialize import AmpSetup
+from apexlite.migrate.recipes import AUTOCAST
 from apexlite.migrate.reach import Unit
 
 DO_NOTHING_CONTEXTS = ("suppress", "nullcontext")  # contextlib's: `with amp_autocast():` does nothing

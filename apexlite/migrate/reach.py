@@ -12,17 +12,14 @@ Functions are followed within the files migrated together; calls in other files 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
 from apexlite.migrate.analysis import Analysis, dotted_text
 from apexlite.migrate.class_ties import HomeClass
 from apexlite.migrate.edits import Plan
-from apexlite.migrate.programs import ModuleIndex
-
-Key = Path
+from apexlite.migrate.import_ties import ImportIndex, ImportTie, Key, Resolver, import_index, import_tie
 
 
 @dataclass
@@ -34,15 +31,6 @@ class Thread:
     optimizers: Dict[str, int]
     models: Set[str] = field(default_factory=set)  # parameters that receive amp's models
     calls: List[Tuple[Key, cst.Call]] = field(default_factory=list)
-
-
-@dataclass
-class ImportTie:
-    """`from <home module> import optimizer` in another file: the GradScaler is imported beside it."""
-
-    key: Key
-    statement: cst.ImportFrom
-    optimizers: Dict[str, int]  # bound name -> optimizer index
 
 
 class Ties:
@@ -123,24 +111,6 @@ def _only_binding(analysis: Analysis, name: cst.Name) -> Optional[cst.CSTNode]:
 
 
 # --- linking -------------------------------------------------------------------------------------------
-Resolver = Callable[[Key, cst.ImportFrom], Optional[Key]]
-
-
-def module_resolver(paths: Sequence[Key]) -> Resolver:
-    """Which of `paths` a `from X import ...` in one of them names (apexlite.migrate.programs.ModuleIndex:
-    relative imports by the importer's folder, absolute ones by the dotted path's ending, the nearest root
-    above the importer when several fit); None when no file, or more than one, fits."""
-    index = ModuleIndex(paths)
-
-    def resolve(importer: Key, node: cst.ImportFrom) -> Optional[Key]:
-        module = dotted_text(node.module) if node.module is not None else None
-        if module is None:
-            return None
-        return index.resolve(importer, module, len(node.relative))
-
-    return resolve
-
-
 def _parameters(function: cst.FunctionDef) -> Tuple[List[str], List[str], bool]:
     """(positional parameter names, keyword-only names, whether it takes *args/**kwargs)."""
     params = function.params
@@ -173,47 +143,6 @@ def argument_for(function: cst.FunctionDef, call: cst.Call, name: str) -> Option
     return bound.get(name) if bound is not None else None
 
 
-ImportIndex = Dict[Tuple[Key, str], List[Tuple[Key, cst.ImportFrom, str]]]
-
-
-def _import_index(analyses: Dict[Key, Analysis], resolve: Resolver) -> ImportIndex:
-    """(file imported from, name) -> every (importing file, `from ... import` statement, bound name)."""
-    index: ImportIndex = {}
-    for key, analysis in analyses.items():
-        for node in _import_froms(analysis.module):
-            if isinstance(node.names, cst.ImportStar):
-                continue
-            source = resolve(key, node)
-            if source is None:
-                continue
-            for alias in node.names:
-                name = dotted_text(alias.name) or ""
-                bound = alias.asname.name.value if alias.asname is not None else name
-                index.setdefault((source, name), []).append((key, node, bound))
-    return index
-
-
-def _import_froms(module: cst.Module):
-    """Every `from ... import` statement, found through statements only (imports are never inside an
-    expression), which is far cheaper than visiting every node."""
-    stack: List[cst.CSTNode] = list(reversed(module.body))
-    while stack:
-        statement = stack.pop()
-        if isinstance(statement, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
-            yield from (small for small in statement.body if isinstance(small, cst.ImportFrom))
-            continue
-        suites = [getattr(statement, "body", None), *(getattr(statement, "handlers", ()) or ()),
-                  *(getattr(statement, "cases", ()) or ()), getattr(statement, "orelse", None),
-                  getattr(statement, "finalbody", None)]
-        for suite in reversed(suites):
-            if isinstance(suite, (cst.Else, cst.Finally, cst.ExceptHandler, cst.ExceptStarHandler, cst.MatchCase)):
-                suite = suite.body
-            if isinstance(suite, (cst.If, cst.SimpleStatementSuite)):
-                stack.append(suite)
-            elif isinstance(suite, cst.IndentedBlock):
-                stack.extend(reversed(suite.body))
-
-
 def _references(analyses: Dict[Key, Analysis], key: Key, function: cst.FunctionDef,
                 imports: ImportIndex) -> Optional[List[Tuple[Key, cst.Call]]]:
     """Every call of a module-level function in the files; None when it is used any other way (passed
@@ -244,8 +173,8 @@ def link(analyses: Dict[Key, Analysis], home: Key, call: cst.Call, optimizer_tar
     """Each file's Ties for the amp.initialize `call` in `home` (threads found to a fixpoint)."""
     home_analysis = analyses[home]
     home_owner = home_analysis.enclosing_scope_owner(call) or home_analysis.module
-    index = _import_index(analyses, resolve)
-    imports = {key: _import_tie(analyses[key], key, home, home_owner, optimizer_targets, index)
+    index = import_index(analyses, resolve)
+    imports = {key: import_tie(analyses[key], key, home, home_owner, optimizer_targets, index)
                for key in analyses if key != home}
     threads: Dict[int, Thread] = {}
 
@@ -297,19 +226,3 @@ def _thread(analyses, key: Key, function: cst.FunctionDef, calls: List[Tuple[Key
     if not tied:
         return None
     return Thread(key, function, tied, {name for name, yes in models.items() if yes}, calls)
-
-
-def _import_tie(analysis: Analysis, key: Key, home: Key, home_owner: cst.CSTNode, optimizer_targets,
-                index: ImportIndex) -> Optional[ImportTie]:
-    """`from <home> import optimizer` at the top level of `analysis`, when amp.initialize runs at module level."""
-    if not isinstance(home_owner, cst.Module):
-        return None
-    found: Dict[cst.ImportFrom, Dict[str, int]] = {}
-    for position, target in enumerate(optimizer_targets):
-        for importer, node, bound in index.get((home, dotted_text(target) or ""), ()):
-            if importer == key and analysis.enclosing_scope_owner(node) is None:
-                found.setdefault(node, {})[bound] = position
-    if not found:
-        return None
-    node, names = next(iter(found.items()))
-    return ImportTie(key, node, names)

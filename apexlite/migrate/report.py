@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable, List, Optional, Sequence
 
 from apexlite.migrate.engine import MigrationResult
-from apexlite.migrate.initialize import AUTOCAST, HALF, KEEP, NONE
+from apexlite.migrate.recipes import AUTOCAST, HALF, KEEP, NONE
 from apexlite.wording import counted
 
 

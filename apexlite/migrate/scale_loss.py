@@ -22,7 +22,8 @@ from apexlite.migrate.device import RUNTIME
 from apexlite.migrate.edits import comment_line, expression
 from apexlite.migrate.flag_guards import FlagGuards
 from apexlite.migrate.guards import branch_calls_backward, read_guard, resolves_alike
-from apexlite.migrate.initialize import AUTOCAST, AmpSetup
+from apexlite.migrate.initialize import AmpSetup
+from apexlite.migrate.recipes import AUTOCAST
 from apexlite.migrate.reach import Unit
 from apexlite.migrate.regions import RegionFinder, modules_in
 from apexlite.migrate.steps import plan_steps, step_calls

@@ -27,7 +27,7 @@ from apexlite.child_process import OK, run_child
 from apexlite.migrate import scaling
 from apexlite.migrate.compare import AGREE, Comparison, compare
 from apexlite.migrate.engine import MigrationResult
-from apexlite.migrate.initialize import AUTOCAST
+from apexlite.migrate.recipes import AUTOCAST
 from apexlite.migrate.options import MigrateOptions
 from apexlite.migrate.precision import check_precision
 from apexlite.sweep.process import run_one

@@ -175,6 +175,8 @@ class ScaleLossPlanner:
         self.scalers = list(groups.values())
         for scaler in self.scalers:
             names = [self.optimizer_name(index) for index in scaler.optimizers]
+            if self.setup.home_class is not None:  # `self.opt_d` -> `self.scaler_opt_d`, not `self.scaler_self_opt_d`
+                names = [name[len(self.setup.home_class.self_name) + 1:] for name in names]
             single = len(self.scalers) == 1
             wanted = "scaler" if single else (f"scaler_{names[0].replace('.', '_')}" if len(names) == 1 else
                                               f"scaler{scaler.loss_ids[0]}")

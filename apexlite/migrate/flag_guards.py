@@ -11,6 +11,8 @@ from apexlite.migrate.guards import Condition, key, read_guard, resolves_alike
 from apexlite.migrate.initialize import AmpSetup
 from apexlite.migrate.reach import Unit, argument_for
 
+MAX_PASSES = 4  # calls a flag may travel through, parameter to parameter
+
 
 class FlagGuards:
     """The amp-on conditions of one amp setup, read in any of its files (`units`)."""
@@ -42,10 +44,12 @@ class FlagGuards:
                 return True
         return False
 
-    def _passed_flag(self, unit: Unit, condition: Condition, ran_under: Set[str]) -> bool:
+    def _passed_flag(self, unit: Unit, condition: Condition, ran_under: Set[str], depth: int = 0) -> bool:
         """Whether `condition` tests a parameter every call of its function passes amp.initialize's own flag
         to (`train(..., fp16=args.fp16)` with `if args.fp16: amp.initialize(...)`), meaning there what it
-        means at amp.initialize."""
+        means at amp.initialize; or passes such a parameter on, up to MAX_PASSES calls deep."""
+        if depth >= MAX_PASSES:
+            return False
         test, positive = condition.test, condition.positive
         while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             test, positive = test.expression, not positive
@@ -62,7 +66,12 @@ class FlagGuards:
         for call_key, call in calls:
             caller = next((other for other in self.units if other.key == call_key), None)
             argument = argument_for(function, call, test.value) if caller is not None else None
-            if argument is None or not caller.home or key(caller.analysis, argument, positive) not in ran_under \
-                    or not resolves_alike(caller.analysis, self.setup.flags, call):
+            if argument is None:
+                return False
+            if caller.home and key(caller.analysis, argument, positive) in ran_under \
+                    and resolves_alike(caller.analysis, self.setup.flags, call):
+                continue
+            passed_on = Condition(argument, positive, condition.owner)  # `train_batch(..., fp16)` inside `train`
+            if not self._passed_flag(caller, passed_on, self.ran_under(caller.analysis), depth + 1):
                 return False
         return True

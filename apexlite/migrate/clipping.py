@@ -153,7 +153,7 @@ def plan_other_clips(unit: Unit, setup: AmpSetup, scale_loss: ScaleLossPlanner) 
         if scaler is not None and _between_steps(unit, call, 0):
             _between_steps_todo(unit, call, unscale)
         elif scaler is not None and unit.home and unit.ties.reaches_scaler(call) and small is not None \
-                and small not in plan.small and resolves_alike(analysis, [optimizer], call):
+                and small not in plan.small and unit.ties.reads_alike(optimizer, call):
             plan.replace_small(small, lambda updated, unscale=unscale: [small_statement(unscale), updated])
         else:
             plan.todo(call, f"this clips gradients that torch.amp's GradScaler still multiplies by the loss scale "

@@ -19,6 +19,7 @@ import libcst as cst
 from apexlite.migrate.analysis import Analysis, dotted_text
 from apexlite.migrate.class_ties import HomeClass
 from apexlite.migrate.edits import Plan
+from apexlite.migrate.guards import resolves_alike
 from apexlite.migrate.import_ties import ImportIndex, ImportTie, Key, Resolver, import_index, import_tie
 
 
@@ -69,6 +70,16 @@ class Ties:
         file migrate reads; None for any other function (a helper is judged where it is called)."""
         thread = self.threads.get(id(function)) if function is not None else None
         return None if thread is None else list(thread.calls)
+
+    def reads_alike(self, target: cst.CSTNode, place: cst.CSTNode) -> bool:
+        """Whether amp.initialize's `target` (`optimizer`, `self.optimizer`), written at `place`, is the same object
+        there: the same bindings, or an attribute of `self` in a method of amp.initialize's class."""
+        home_class = self.home_class
+        if home_class is not None and isinstance(target, cst.Attribute) \
+                and dotted_text(target.value) == home_class.self_name \
+                and home_class.method_of(self.analysis, place) is not None:
+            return True
+        return resolves_alike(self.analysis, [target], place)
 
     def model_names(self) -> Set[str]:
         return {name for thread in self.threads.values() for name in thread.models}

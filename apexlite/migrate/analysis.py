@@ -125,6 +125,14 @@ class Analysis(cst.MetadataDependent):
             yield current
             current = self.parent(current)
 
+    def parameter_owner(self, name: cst.Name) -> Optional[cst.CSTNode]:
+        """The function whose parameter `name` is, when that parameter is the name's only binding; else None."""
+        scope = self.scope(name)
+        bindings = list(scope[name.value]) if scope is not None else []
+        if len(bindings) != 1 or not isinstance(getattr(bindings[0], "node", None), cst.Param):
+            return None
+        return self.enclosing_scope_owner(bindings[0].node)
+
     def within(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
         """Whether `node` lies inside `outer` (a function, a loop, a block)."""
         return any(ancestor is outer for ancestor in self.ancestors(node))

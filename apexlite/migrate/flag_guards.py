@@ -55,12 +55,8 @@ class FlagGuards:
             test, positive = test.expression, not positive
         if not isinstance(test, cst.Name):
             return False
-        scope = unit.analysis.scope(test)
-        bindings = list(scope[test.value]) if scope is not None else []
-        if len(bindings) != 1 or not isinstance(getattr(bindings[0], "node", None), cst.Param):
-            return False
-        function = unit.analysis.enclosing_scope_owner(bindings[0].node)
-        calls = unit.ties.calls_of(function)
+        function = unit.analysis.parameter_owner(test)
+        calls = unit.ties.calls_of(function) if function is not None else None
         if calls is None:
             return False
         for call_key, call in calls:

@@ -83,11 +83,7 @@ class RegionFinder:
         call of the function with the argument it passes; None unless migrate sees every call."""
         if not isinstance(loss, cst.Name):
             return None
-        scope = self.analysis.scope(loss)
-        bindings = list(scope[loss.value]) if scope is not None else []
-        if len(bindings) != 1 or not isinstance(getattr(bindings[0], "node", None), cst.Param):
-            return None
-        function = self.analysis.enclosing_scope_owner(bindings[0].node)
+        function = self.analysis.parameter_owner(loss)
         calls = self.callers(function) if isinstance(function, cst.FunctionDef) else None
         if not calls:
             return None

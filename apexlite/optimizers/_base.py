@@ -3,6 +3,7 @@ the attributes apex's optimizers created for their kernels (subclasses written a
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 import torch
@@ -35,6 +36,12 @@ def check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any, owner: str) ->
     """The constructor's checks of a group's hyper-parameters, with messages that say the valid range."""
     if isinstance(lr, torch.Tensor):
         raise TypeError(f"{owner} takes lr as a Python float; pass float(lr) (a tensor lr is not supported).")
+    for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{owner} takes {name} as a number, got {type(value).__name__} {value!r}; pass "
+                            f"float({name}) (a value read from a config file or the command line is a str)")
+    if not isinstance(betas, (tuple, list)) or not all(isinstance(b, numbers.Real) for b in betas):
+        raise TypeError(f"{owner} takes betas as a pair of numbers, (beta1, beta2), got {betas!r}")
     if not 0.0 <= lr:
         raise ValueError(f"Invalid learning rate: {lr} (must be >= 0)")
     if not 0.0 <= eps:

@@ -287,3 +287,37 @@ def test_master_grads_of_fp32_params_have_their_own_memory():
     for master in masters:
         master.grad.mul_(1 / 128)
     assert all(torch.equal(p.grad, b) for p, b in zip(model_params, before))
+
+
+def test_fp16_optimizer_refuses_what_is_not_an_optimizer():
+    model = torch.nn.Linear(3, 1).half()
+    for wrong in (model, list(model.parameters())):
+        with pytest.raises(TypeError, match="wraps a torch.optim optimizer"):
+            fu.FP16_Optimizer(wrong)
+
+
+def test_a_step_after_loss_backward_says_so_instead_of_changing_nothing():
+    """loss.backward() leaves the fp32 masters without grads, so apex's step changed nothing, silently."""
+    model = torch.nn.Linear(3, 1).half()
+    opt = fu.FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), verbose=False)
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.ones(2, 3, dtype=torch.float16)).float().sum().backward()
+    with pytest.raises(RuntimeError, match=r"optimizer.backward\(loss\) instead of loss.backward\(\)"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    opt.zero_grad()
+    opt.backward(model(torch.ones(2, 3, dtype=torch.float16)).float().sum())  # the right call steps
+    opt.step()
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("dynamic, said", [(False, "static loss scale 1048576.0, unchanged"),
+                                           (True, "reducing loss scale to 32768.0")])
+def test_the_overflow_message_says_what_happened_to_the_scale(caplog, dynamic, said):
+    model = torch.nn.Linear(3, 1).half()
+    scale = dict(dynamic_loss_scale=True) if dynamic else dict(static_loss_scale=2.0 ** 20)
+    opt = fu.FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), verbose=False, **scale)
+    opt.backward(model(torch.full((2, 3), 1e4, dtype=torch.float16)).float().sum())
+    with caplog.at_level(logging.WARNING):
+        opt.step()
+    assert opt.overflow and any(said in record.getMessage() for record in caplog.records)

@@ -59,6 +59,10 @@ class FP16_Optimizer:
                  dynamic_loss_scale: bool = False, dynamic_loss_args: Optional[Dict[str, Any]] = None,
                  verbose: bool = True) -> None:
         self.verbose = verbose
+        if not hasattr(init_optimizer, "param_groups"):
+            raise TypeError(f"FP16_Optimizer wraps a torch.optim optimizer, got {type(init_optimizer).__name__}: "
+                            "build one over the fp16 model's params first, e.g. "
+                            "FP16_Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), dynamic_loss_scale=True)")
         self.optimizer = init_optimizer
         self.fp16_groups: List[List[torch.Tensor]] = []
         self.fp32_from_fp16_groups: List[List[torch.Tensor]] = []
@@ -147,11 +151,28 @@ class FP16_Optimizer:
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """Step the masters and copy them to the model; skip (and log) when the grads overflowed."""
         if self.overflow:
-            log.warning("Gradient overflow.  Skipping step, reducing loss scale to %s", self.loss_scale)
+            if self.dynamic_loss_scale:
+                log.warning("Gradient overflow.  Skipping step, reducing loss scale to %s", self.loss_scale)
+            else:
+                log.warning("Gradient overflow.  Skipping step (static loss scale %s, unchanged)", self.loss_scale)
             return None
+        if closure is None:
+            self._check_masters_have_grads()
         result = self._step_with_closure(closure) if closure is not None else self.optimizer.step()
         self._master_params_to_model_params()
         return result
+
+    def _check_masters_have_grads(self) -> None:
+        """A step whose fp16 params have grads while their fp32 masters have none would change nothing (apex
+        stepped silently): the grads came from `loss.backward()`, which FP16_Optimizer never sees."""
+        masters = self.all_fp32_from_fp16_params
+        if masters and all(master.grad is None for master in masters) and any(
+                param.grad is not None for param in self.all_fp16_params):
+            raise RuntimeError("FP16_Optimizer.step(): the fp16 model params have grads but their fp32 master "
+                               "params have none, so this step would change nothing. Call "
+                               "optimizer.backward(loss) instead of loss.backward() (it scales the loss and "
+                               "copies the grads to the masters), or optimizer.update_master_grads() after "
+                               "optimizer.backward(loss, update_master_grads=False).")
 
     def _step_with_closure(self, closure: Callable[[], Any]) -> Any:
         def wrapped() -> Any:

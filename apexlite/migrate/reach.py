@@ -49,8 +49,9 @@ class Ties:
 
     def optimizer(self, node: cst.CSTNode) -> Optional[int]:
         """The index of the amp optimizer `node` is, if it certainly is one."""
-        if self.home_class is not None and self.home_class.optimizer(self.analysis, node) is not None:
-            return self.home_class.optimizer(self.analysis, node)
+        index = self.home_class.optimizer(self.analysis, node) if self.home_class is not None else None
+        if index is not None:
+            return index
         for index, target in enumerate(self.targets):
             if self.analysis.same_binding(node, target):
                 return index

@@ -241,3 +241,22 @@ def listed_once(params: List[Any]) -> List[Any]:
                              "param once: model.parameters() lists a tied weight once.")
         seen[id(param)] = index
     return params
+
+
+def add_masters(groups: List[Dict[str, Any]], state: Dict[torch.Tensor, dict],
+                initial: Dict[torch.Tensor, torch.Tensor]) -> None:
+    """Gives each fp16/bf16 param of ``groups`` an fp32 master, from ``initial[param]`` where given (checked
+    against the groups' params and shapes before any master is made) or from the param."""
+    known = {id(p) for group in groups for p in group["params"]}
+    strangers = [tuple(t.shape) for t in initial if id(t) not in known]
+    if strangers:
+        raise ValueError(f"initial_masters has keys that are not params of this optimizer (shapes {strangers})")
+    halves = [param for group in groups for param in group["params"] if param.dtype in HALF_DTYPES]
+    for param in halves:
+        source = initial.get(param, param)
+        if source.shape != param.shape:
+            raise ValueError(f"initial master of shape {tuple(source.shape)} for a param of shape "
+                             f"{tuple(param.shape)}; pass the pre-cast tensor of the same param")
+    for param in halves:
+        state[param]["master_param"] = fp32_copy(initial.get(param, param), param)
+        prepare_state(param, state[param])

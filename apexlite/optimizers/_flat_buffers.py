@@ -49,6 +49,7 @@ from apexlite.optimizers._flat_runs import FlatRun, PiecePolicy, PiecewiseRun, W
 from apexlite.optimizers._watched_state import Watch, WatchedState, WatchedStateMap
 
 MAX_REBUILDS = 4
+GiveCounter = Callable[[torch.Tensor, Dict[str, Any]], None]  # (param, its state): a first step counter
 _log = get_logger("optimizers")
 
 
@@ -82,6 +83,7 @@ class GroupLayout:
     sets: List[FlatSet]
     outsiders: List[torch.Tensor]  # never flattened
     waiting: List[torch.Tensor]  # had no grad at the build: a grad now rebuilds the layout
+    counted_waiting: List[torch.Tensor]  # of those, the ones whose state has a step counter
     stale: bool = False
 
 
@@ -104,14 +106,16 @@ class FlatBuffers:
         self._layouts.clear()
 
     def plan(self, optimizer: torch.optim.Optimizer, group: Dict[str, Any], has_fused_path: Callable[[torch.device], bool],
-             has_kernel: Callable[[torch.device], bool]) -> Tuple[List[FlatRun], List[torch.Tensor]]:
+             has_kernel: Callable[[torch.device], bool], give_counter: Optional[GiveCounter] = None
+             ) -> Tuple[List[FlatRun], List[torch.Tensor]]:
         """This step's flat runs for ``group`` (each yields its calls as it is iterated), and the params
-        that take the per-tensor path. ``has_kernel``: whether apexlite's kernels (which can read fresh
-        grads where they are) step params on a device."""
+        that take the per-tensor path, with the params whose state has a counter but who had no grad at
+        the build. ``has_kernel``: whether apexlite's kernels (which can read fresh grads where they are) step
+        params on a device; ``give_counter``: how a param joining a build without state gets its counter."""
         params = group["params"]
         if not self.enabled or self._rebuilds.get(id(group), 0) > MAX_REBUILDS:
             return [], list(params)
-        layout = self._layout(optimizer, group, has_fused_path)
+        layout = self._layout(optimizer, group, has_fused_path, give_counter)
         runs: List[FlatRun] = []
         rest = list(layout.outsiders)
         for flat_set in layout.sets:
@@ -148,6 +152,7 @@ class FlatBuffers:
         if joining:
             self._rebuild_later(group, layout, 0)
             rest.extend(joining)
+        rest.extend(p for p in layout.counted_waiting if p.grad is None)
         return runs, rest
 
     def clear_grads(self, group: Dict[str, Any], set_to_none: bool) -> List[torch.Tensor]:
@@ -180,7 +185,7 @@ class FlatBuffers:
             _log.debug("FusedAdam: rebuilding the flat buffers of a param group at the next step: %s", why)
 
     def _layout(self, optimizer: torch.optim.Optimizer, group: Dict[str, Any],
-                has_fused_path: Callable[[torch.device], bool]) -> GroupLayout:
+                has_fused_path: Callable[[torch.device], bool], give_counter: Optional[GiveCounter]) -> GroupLayout:
         if optimizer.state is not self._state_map:  # a load or a reset replaced it
             self.invalidate()
             self._watches = {}
@@ -192,12 +197,12 @@ class FlatBuffers:
             if layout is not None:
                 for member in (m for flat_set in layout.sets for m in flat_set.members):
                     self._watches.pop(member, None)
-            layout = self._build(group, options, has_fused_path)
+            layout = self._build(group, options, has_fused_path, give_counter)
             self._layouts[id(group)] = (group, layout)
         return layout
 
     def _build(self, group: Dict[str, Any], options: Tuple[Any, ...],
-               has_fused_path: Callable[[torch.device], bool]) -> GroupLayout:
+               has_fused_path: Callable[[torch.device], bool], give_counter: Optional[GiveCounter]) -> GroupLayout:
         master_weights, moment_dtype = options
         state = self._state_map
         self._owned.prune()
@@ -212,6 +217,9 @@ class FlatBuffers:
                 waiting.append(param)
                 continue
             joining.append((param, grad.dtype))
+        if give_counter is not None:
+            for param, _ in joining:
+                give_counter(param, state[param])
         steps = step_values([state.get(param, {}) for param, _ in joining])
         keyed: Dict[Tuple[Any, ...], List[torch.Tensor]] = {}
         for (param, grad_dtype), step in zip(joining, steps):
@@ -225,7 +233,8 @@ class FlatBuffers:
             key = (param.device, master, param.dtype, grad_dtype, moments, step)
             keyed.setdefault(key, []).append(param)
         sets = [self._make_set(chunk, *key) for key, params in keyed.items() for chunk in chunks(params)]
-        return GroupLayout(tuple(group["params"]), options, sets, outsiders, waiting)
+        counted = [param for param in waiting if "step" in state.get(param, ())]
+        return GroupLayout(tuple(group["params"]), options, sets, outsiders, waiting, counted)
 
     def _make_set(self, params: List[torch.Tensor], device: torch.device, master: bool, param_dtype: torch.dtype,
                   grad_dtype: torch.dtype, moment_dtype: torch.dtype, step: float) -> FlatSet:

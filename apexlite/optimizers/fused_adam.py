@@ -14,6 +14,7 @@ from apexlite.optimizers._adam_step import (IMPLEMENTATIONS, bump_versions, flag
                                             fused_adam_flat_step, fused_adam_step, resolve)
 from apexlite.optimizers._flat_buffers import FlatBuffers
 from apexlite.optimizers._grad_writeback import check_grads_writable
+from apexlite.optimizers._group_steps import GroupStart, check_step_count, load_group_count, save_group_count
 from apexlite.optimizers._torch_fused import Workspace, foreach_copy
 
 _LEGACY_STEP_ARGS = ("grads", "output_params", "scale", "grad_norms")
@@ -40,6 +41,9 @@ class FusedAdam(ApexStyleOptimizer):
         exp_avg_dtype (float32): moments in float32 or bfloat16.
         implementation ("auto"): "kernel", "torch" (torch's fused ops), "reference" (pure torch) or "auto".
         flat_buffers (True): keep params and state in flat buffers (docs/fused_adam.md).
+        step_count ("group"): apex's rule, every step() advances the step count of all the group's params;
+            "param" is torch.optim.Adam's, only params with a grad (they differ only for a param that gets
+            grads on some steps only: _group_steps.py).
 
     State per param: ``step``, ``exp_avg``, ``exp_avg_sq`` (torch's names) and ``master_param``. Under
     ``torch.amp.GradScaler`` (or apexlite's amp) ``step()`` reads ``grad_scale``/``found_inf`` and
@@ -69,6 +73,7 @@ class FusedAdam(ApexStyleOptimizer):
         exp_avg_dtype: torch.dtype = torch.float32,
         implementation: str = "auto",
         flat_buffers: bool = True,
+        step_count: str = "group",
     ) -> None:
         if amsgrad:
             raise RuntimeError("FusedAdam does not implement AMSGrad; use torch.optim.Adam(amsgrad=True).")
@@ -78,7 +83,8 @@ class FusedAdam(ApexStyleOptimizer):
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
-                        weight_decay=weight_decay, adam_w_mode=bool(adam_w_mode))
+                        weight_decay=weight_decay, adam_w_mode=bool(adam_w_mode),
+                        step_count=check_step_count(step_count))
         super().__init__(params, defaults)
         self.set_grad_none = set_grad_none
         self.capturable = capturable
@@ -114,6 +120,7 @@ class FusedAdam(ApexStyleOptimizer):
         """Adds a group (torch semantics); its hyper-parameters and params are validated first, as the constructor's."""
         given = {key: param_group.get(key, self.defaults.get(key)) for key in ("lr", "betas", "eps", "weight_decay")}
         check_hyper(**given, owner="FusedAdam")
+        check_step_count(param_group.get("step_count", self.defaults["step_count"]))
         params = param_group["params"]
         if not isinstance(params, (torch.Tensor, set)):  # (torch refuses a set itself)
             param_group = {**param_group, "params": adam_state.listed_once(list(params))}
@@ -128,22 +135,8 @@ class FusedAdam(ApexStyleOptimizer):
                 start from their current values. Entries for float32 params are ignored, as those
                 params are their own masters.
         """
-        initial = dict(initial_masters or {})
-        known = {id(p) for group in self.param_groups for p in group["params"]}
-        strangers = [tuple(t.shape) for t in initial if id(t) not in known]
-        if strangers:
-            raise ValueError(f"initial_masters has keys that are not params of this optimizer (shapes {strangers})")
+        adam_state.add_masters(self.param_groups, self.state, dict(initial_masters or {}))
         self.master_weights = True
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.dtype not in adam_state.HALF_DTYPES:
-                    continue
-                source = initial.get(param, param)
-                if source.shape != param.shape:
-                    raise ValueError(f"initial master of shape {tuple(source.shape)} for a param of shape "
-                                     f"{tuple(param.shape)}; pass the pre-cast tensor of the same param")
-                self.state[param]["master_param"] = adam_state.fp32_copy(source, param)
-                adam_state.prepare_state(param, self.state[param])
         self._flat.invalidate()
 
     def state_dict(self) -> Dict[str, Any]:
@@ -151,8 +144,10 @@ class FusedAdam(ApexStyleOptimizer):
         group also names its mode in torch's key, so torch.optim.Adam loading it trains in the same mode."""
         packed = super().state_dict()
         packed["state"] = {key: dict(entry) for key, entry in packed["state"].items()}
-        for group in packed["param_groups"]:
+        for group, live in zip(packed["param_groups"], self.param_groups):
             group["decoupled_weight_decay"] = bool(group["adam_w_mode"])
+            if self._steps_itself():
+                save_group_count(group, live, self.state)
         return packed
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -188,12 +183,8 @@ class FusedAdam(ApexStyleOptimizer):
         for group in self.param_groups:
             for key, default in self.defaults.items():  # torch checkpoints lack FusedAdam's own keys
                 group.setdefault(key, default)
-            # apex keeps one step count per group; a subclass with its own step() (e.g. fairseq's) still reads it
-            group_step = group.pop("step", None) if self._steps_itself() else None
-            for param in group["params"]:
-                state = self.state.get(param)
-                if group_step is not None and state and "step" not in state:
-                    state["step"] = torch.tensor(float(group_step), device=param.device)
+            if self._steps_itself():  # a subclass with its own step() (e.g. fairseq's) reads apex's group["step"]
+                load_group_count(group, self.state)
 
     @torch._disable_dynamo
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
@@ -218,12 +209,15 @@ class FusedAdam(ApexStyleOptimizer):
         store_unscaled = grad_scale is not None and not self.leave_grads_scaled
         plan = []
         for group in self.param_groups:
-            flat_runs, rest = self._flat.plan(self, group, self._has_fused_path, self._has_kernel)
-            plan.append((group, flat_runs, self._buckets(rest)))
+            start = GroupStart(group, self.state) if group["step_count"] == "group" else None
+            idle: List[torch.Tensor] = []
+            flat_runs, rest = self._flat.plan(self, group, self._has_fused_path, self._has_kernel,
+                                              start and start.give_counter)
+            plan.append((group, flat_runs, self._buckets(rest, start, idle), start, idle))
         if store_unscaled:  # before anything is updated (flat grads are laid out like their params)
-            self._check_unscaled_grads_writable(buckets for _, _, buckets in plan)
+            self._check_unscaled_grads_writable(buckets for _, _, buckets, _, _ in plan)
         per_device: Dict[torch.device, Tuple[str, Optional[torch.Tensor], Optional[torch.Tensor]]] = {}
-        for group, flat_runs, buckets in plan:
+        for group, flat_runs, buckets, start, idle in plan:
             beta1, beta2 = group["betas"]
             hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                          weight_decay=group["weight_decay"], bias_correction=group["bias_correction"],
@@ -247,7 +241,7 @@ class FusedAdam(ApexStyleOptimizer):
                 late += run.late
             per_tensor = list(buckets.values())
             if late:  # members a set stepped in pieces found unfit part-way (NOTE [flat grads])
-                late_buckets = self._buckets(late)
+                late_buckets = self._buckets(late, start, idle)
                 if store_unscaled:
                     self._check_unscaled_grads_writable([late_buckets])
                 per_tensor += late_buckets.values()
@@ -264,6 +258,8 @@ class FusedAdam(ApexStyleOptimizer):
                     bump_versions(bucket.written)
                 if bucket.odd_grads and bucket_scale is not None and store_unscaled:  # into .grad itself
                     foreach_copy(bucket.odd_grads, bucket.odd_grad_copies)
+            if start is not None:
+                start.settle(idle, bool(flat_runs or per_tensor), found_inf)
         return loss
 
     @staticmethod
@@ -279,12 +275,17 @@ class FusedAdam(ApexStyleOptimizer):
         """Whether params on ``device`` take apexlite's kernels (which can read fresh grads where they are)."""
         return resolve(self.implementation, device) == "kernel"
 
-    def _buckets(self, params: List[torch.Tensor]) -> Dict[Tuple, adam_state.Bucket]:
-        """The per-tensor path's buckets for ``params`` (those not in flat buffers this step)."""
+    def _buckets(self, params: List[torch.Tensor], start: Optional[GroupStart] = None,
+                 idle: Optional[List[torch.Tensor]] = None) -> Dict[Tuple, adam_state.Bucket]:
+        """The per-tensor path's buckets for ``params`` (those not in flat buffers this step). Under the group
+        step count, ``start`` gives new states their first counter and ``idle`` collects the counters of
+        params without a grad."""
         buckets: Dict[Tuple, adam_state.Bucket] = {}
         for param in params:
             grad, unscaled = adam_state.step_grad(param, self.state.get(param))
             if grad is None:
+                if idle is not None and "step" in self.state.get(param, ()):
+                    idle.append(self.state[param]["step"])
                 continue
             if grad.is_sparse:
                 raise RuntimeError("FusedAdam does not support sparse gradients; use torch.optim.SparseAdam "
@@ -295,6 +296,8 @@ class FusedAdam(ApexStyleOptimizer):
                 raise RuntimeError(f"a gradient is on {grad.device} but its param is on {param.device}; "
                                    "move the gradient to the param's device before step().")
             state = self.state[param]
+            if start is not None:
+                start.give_counter(param, state)
             adam_state.init_state(param, state, self.master_weights, self.exp_avg_dtype)
             adam_state.add_to_bucket(buckets, param, grad, state, unscaled)
         return buckets

@@ -41,6 +41,7 @@ class Recipe:
     delay_unscale: bool = False           # every block but the last delays the unscale
     clip: Optional[float] = None          # clip_grad_norm_(amp.master_params(opt), clip)
     scale_window: Optional[int] = None    # dynamic scale growth every N clean exits
+    idle: Tuple[int, ...] = ()            # steps the last layer gets no grads (frozen for the step)
     extra: dict = field(default_factory=dict)
 
 
@@ -58,6 +59,7 @@ def run(recipe: Recipe, low: torch.dtype, fused: bool, implementation: str = "au
     scales, skipped = [], []
     for step in range(recipe.steps):
         before = [p.detach().clone() for p in model.parameters()]
+        model[3].requires_grad_(step not in recipe.idle)
         for index in range(recipe.backward_passes):
             x = torch.randn(8, 4)
             if step in recipe.poison and index == recipe.backward_passes - 1:
@@ -76,7 +78,8 @@ def run(recipe: Recipe, low: torch.dtype, fused: bool, implementation: str = "au
     out = dict(params=[p.detach().clone() for p in model.parameters()],
                masters=[m.detach().clone() for m in amp.master_params(opt)],
                scales=scales, skipped=skipped, strategy=type(session.amp_optimizer(opt).grads),
-               buffers=[b.clone() for b in model.buffers()], grad_scale_left=hasattr(opt, "grad_scale"))
+               buffers=[b.clone() for b in model.buffers()], grad_scale_left=hasattr(opt, "grad_scale"),
+               counts=[float(state["step"]) for state in opt.state.values() if "step" in state])
     amp.deinitialize()
     return out
 
@@ -90,6 +93,8 @@ RECIPES = {
     "delay-unscale": Recipe(backward_passes=3, delay_unscale=True),
     "clip": Recipe(clip=0.05),
     "clip-overflow": Recipe(clip=0.05, poison=(3,)),
+    # apex's step count: the idle layer's counters advance with the group, not on the skipped step
+    "idle-layer-overflow": Recipe(idle=(1, 2, 5), poison=(4,)),
 }
 
 
@@ -105,6 +110,7 @@ def test_fused_step_matches_separate_masters(name, low, implementation):
     # poisoned steps are skipped; fast scale growth may add real fp16 overflows
     assert set(recipe.poison) <= {i for i, s in enumerate(fused["skipped"]) if s}
     assert not fused["grad_scale_left"]
+    assert fused["counts"] == separate["counts"] == [recipe.steps - sum(fused["skipped"])] * len(fused["counts"])
     for a, b in zip(fused["masters"], separate["masters"]):
         assert torch.equal(a, b)
     for a, b in zip(fused["params"], separate["params"]):

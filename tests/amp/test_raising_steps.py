@@ -214,7 +214,7 @@ class ExplodingGroup(dict):
         self.exc = exc
 
     def __getitem__(self, key):
-        if key != "params":
+        if key not in ("params", "step_count"):  # (step_count is read while planning, before any update)
             raise self.exc(f"reading {key!r} exploded")
         return super().__getitem__(key)
 

@@ -19,9 +19,14 @@ from tests.optimizers.flat_helpers import (  # noqa: F401 (grad_pass: a fixture)
 )
 
 
+# step count -> the skipping param's count after 5 steps, and the flat calls of steps 2-4 (after the rebuild)
+SKIPPED_STEP = {"group": (5.0, 1), "param": (4.0, 2)}
+
+
 @pytest.mark.parametrize("implementation", IMPLS)
-def test_a_param_without_grad_is_skipped_and_the_buffers_follow(grad_pass, implementation, monkeypatch):
-    runs = twins(implementation=implementation)
+@pytest.mark.parametrize("step_count", sorted(SKIPPED_STEP))
+def test_a_param_without_grad_is_skipped_and_the_buffers_follow(grad_pass, implementation, step_count, monkeypatch):
+    runs = twins(implementation=implementation, step_count=step_count)
     calls = count_calls(monkeypatch)
     for step in range(5):
         grads = grads_for(runs[0][0], torch.float32, step)
@@ -31,11 +36,12 @@ def test_a_param_without_grad_is_skipped_and_the_buffers_follow(grad_pass, imple
                 params[2].grad = None
             opt.step()
     assert_same(*runs, exact=implementation == "kernel")
+    skipped_count, sets = SKIPPED_STEP[step_count]
     flat_steps = [float(runs[0][1].state[p]["step"]) for p in runs[0][0]]
-    assert flat_steps == [5.0, 5.0, 4.0, 5.0, 5.0]
-    # steps 0, 2, 3, 4 flat (two sets after the rebuild: 4 and 5 steps taken); step 1 per tensor. (The grads
-    # are fresh every step: moved into a grad buffer, or, on apexlite's kernel, read where they are.)
-    assert calls["flat"] + calls["read"] == 1 + 0 + 2 + 2 + 2
+    assert flat_steps == [5.0, 5.0, skipped_count, 5.0, 5.0]
+    # steps 0, 2, 3, 4 flat (after the rebuild one set, or under torch's count two: 4 and 5 steps taken); step 1
+    # per tensor. (The grads are fresh every step: moved into a grad buffer, or, on apexlite's kernel, read in place.)
+    assert calls["flat"] + calls["read"] == 1 + 0 + 3 * sets
 
 
 def test_model_cast_after_steps_continues_like_the_per_tensor_path(grad_pass):
@@ -53,13 +59,15 @@ def test_model_cast_after_steps_continues_like_the_per_tensor_path(grad_pass):
     assert_same(*runs)
 
 
-# change -> flat calls of steps 2 and 3 (a param whose state was emptied restarts at step 0: its own set)
-STATE_CHANGES = {"entry": 1, "state-dict": 2, "clear": 1, "new-map": 1}
+# change -> flat calls of steps 2 and 3 (a param whose state was emptied restarts from the group's count, as
+# apex; under torch's count at step 0, in its own set)
+STATE_CHANGES = {"entry": 1, "state-dict": {"group": 1, "param": 2}, "clear": 1, "new-map": 1}
 
 
+@pytest.mark.parametrize("step_count", ["group", "param"])
 @pytest.mark.parametrize("change", sorted(STATE_CHANGES))
-def test_replaced_state_is_what_the_next_step_uses(grad_pass, change, monkeypatch):
-    runs = twins()
+def test_replaced_state_is_what_the_next_step_uses(grad_pass, change, step_count, monkeypatch):
+    runs = twins(step_count=step_count)
     calls = count_calls(monkeypatch)
     for step in range(4):
         grads = grads_for(runs[0][0], torch.float32, step)
@@ -76,7 +84,9 @@ def test_replaced_state_is_what_the_next_step_uses(grad_pass, change, monkeypatc
             set_grads(params, grads)
             opt.step()
     assert_same(*runs)
-    assert calls["flat"] + calls["read"] == 2 + 2 * STATE_CHANGES[change]  # the flat path resumes at once
+    sets = STATE_CHANGES[change]
+    sets = sets[step_count] if isinstance(sets, dict) else sets
+    assert calls["flat"] + calls["read"] == 2 + 2 * sets  # the flat path resumes at once
 
 
 def test_params_list_edited_in_place_and_new_group(grad_pass):

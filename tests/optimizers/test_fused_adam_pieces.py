@@ -63,8 +63,9 @@ CHANGES = {
     # pieces [0,2) [2,6) [6,7), then the full check moves the fresh grad in: one call for [7,12)
     "fresh-after-the-first-piece": (_fresh_one, 4, 0, PIECES),
     # pieces [0,2) [2,6) [6,7), the rest per tensor (the missing grad's param not stepped); the layout is
-    # rebuilt at step 3 in two sets (the member that missed a step has its own count), grads fresh to it
-    "missing-after-the-first-piece": (_missing_one, 3, 1, 2),
+    # rebuilt at step 3, grads fresh to it: in one set (apex's group count) or in two (torch's: the member
+    # that missed a step has its own count)
+    "missing-after-the-first-piece": (_missing_one, 3, 1, {"group": 1, "param": 2}),
     # rebuilt at step 3 in one set, of the same layout: the kept grads lie in place for it too
     "moved-after-the-first-piece": (_moved_one, 3, 1, PIECES),
 }
@@ -86,11 +87,14 @@ def _first_steps(runs):
 
 
 @pytest.mark.parametrize("implementation", IMPLS)
+@pytest.mark.parametrize("step_count", ["group", "param"])
 @pytest.mark.parametrize("change", sorted(CHANGES))
 def test_a_change_part_way_through_the_set_steps_like_the_per_tensor_path(grad_pass, implementation, change,
-                                                                            monkeypatch):
+                                                                            step_count, monkeypatch):
     how, flat_calls, list_calls, next_flat_calls = CHANGES[change]
-    runs = _pieces_twins(implementation)
+    if isinstance(next_flat_calls, dict):
+        next_flat_calls = next_flat_calls[step_count]
+    runs = _pieces_twins(implementation, step_count=step_count)
     _first_steps(runs)
     calls = count_calls(monkeypatch)
     seen = []

@@ -66,7 +66,7 @@ def _run(pattern: Dict[int, Sequence[int]], ours, ours_params, ref, ref_params, 
         for index, (p, r) in enumerate(zip(ours_params, ref_params)):
             grad = torch.randn(p.shape, generator=gen)
             has = step in pattern.get(index, range(STEPS))
-            p.grad, r.grad = (grad.clone(), grad.clone()) if has else (None, None)
+            p.grad, r.grad = (grad.to(p.device), grad.to(r.device)) if has else (None, None)
         ours.step()
         ref.step()
 
@@ -155,3 +155,19 @@ def test_a_step_found_inf_skips_advances_no_counter(flat_buffers):
 def test_an_unknown_step_count_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="step_count must be 'group'.*or 'param'.*got 'torch'"):
         FusedAdam([torch.nn.Parameter(torch.ones(2))], step_count="torch")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("flat_buffers", [True, False], ids=["flat", "per-tensor"])
+@pytest.mark.parametrize("pattern", ["a-branch-taken-sometimes", "a-group-frozen-at-first", "trained-frozen-trained"])
+def test_the_group_count_on_a_gpu_matches_the_cpu(pattern, flat_buffers):
+    """The kernel on CUDA with apex's count (idle counters advanced on the device) against the CPU run."""
+    init = [torch.randn(shape, generator=torch.Generator().manual_seed(i)) for i, shape in enumerate(SHAPES)]
+    cpu_params, gpu_params = fp32_leaves(init), fp32_leaves([t.cuda() for t in init])
+    cpu = FusedAdam([{"params": g} for g in _groups(cpu_params)], **HYPER, implementation="reference")
+    gpu = FusedAdam([{"params": g} for g in _groups(gpu_params)], **HYPER, flat_buffers=flat_buffers)
+    _run(PATTERNS[pattern], gpu, gpu_params, cpu, cpu_params)
+    for p, r in zip(gpu_params, cpu_params):
+        torch.testing.assert_close(p.detach().cpu(), r.detach(), rtol=1e-5, atol=1e-6)
+        assert float(gpu.state[p]["step"]) == float(cpu.state[r]["step"])

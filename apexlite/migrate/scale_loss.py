@@ -100,9 +100,11 @@ class ScaleLossPlanner:
             where = f" ({self.origin})" if self.origin else ""
             plan.todo(call, f"this scale_loss's optimizer cannot be tied to amp.initialize's{where}: migrate follows "
                             "the names amp.initialize assigns, the parameters of functions whose every call it sees "
-                            "(a function handed on as a value hides its calls), and imports of them. Reach the "
-                            "optimizer one of those ways, or pass a torch.amp.GradScaler in and write "
-                            "`scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`")
+                            "pass the same one of them (a function handed on as a value hides its calls; a helper "
+                            "called with a generator's and a discriminator's optimizer gets two), and imports of "
+                            "them. Reach the optimizer one of those ways, or pass a torch.amp.GradScaler in beside "
+                            "it and write `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, "
+                            "`scaler.update()`")
             return None
         if not unit.ties.reaches_scaler(statement):
             plan.todo(call, "the GradScaler that replaces amp cannot be read here; pass it in like the optimizer and "

@@ -41,8 +41,9 @@ def train(model, optimizer):
         optimizer.zero_grad()
         # TODO(apexlite migrate): this scale_loss's optimizer cannot be tied to amp.initialize's: migrate
         #     follows the names amp.initialize assigns, the parameters of functions whose every call it sees
-        #     (a function handed on as a value hides its calls), and imports of them. Reach the optimizer
-        #     one of those ways, or pass a torch.amp.GradScaler in and write
+        #     pass the same one of them (a function handed on as a value hides its calls; a helper called
+        #     with a generator's and a discriminator's optimizer gets two), and imports of them. Reach the
+        #     optimizer one of those ways, or pass a torch.amp.GradScaler in beside it and write
         #     `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`
         with amp.scale_loss(loss, optimizer) as scaled_loss:
             scaled_loss.backward()

@@ -171,3 +171,27 @@ def test_the_group_count_on_a_gpu_matches_the_cpu(pattern, flat_buffers):
     for p, r in zip(gpu_params, cpu_params):
         torch.testing.assert_close(p.detach().cpu(), r.detach(), rtol=1e-5, atol=1e-6)
         assert float(gpu.state[p]["step"]) == float(cpu.state[r]["step"])
+
+
+def test_under_a_grad_scaler_an_overflowing_step_counts_for_no_param():
+    """With torch.amp.GradScaler: the step whose grads overflow advances no counter, idle ones included, and
+    the next steps count on from there (apex's amp skipped its optimizer's step() on overflow)."""
+    model = torch.nn.ModuleDict({"always": torch.nn.Linear(3, 3), "sometimes": torch.nn.Linear(3, 3)})
+    opt = FusedAdam(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    skipped = []
+    for step in range(6):
+        x = torch.randn(2, 3)
+        if step == 3:
+            x[0, 0] = float("inf")
+        out = model["always"](x)
+        if step in (0, 4):
+            out = model["sometimes"](out)
+        opt.zero_grad()
+        scaler.scale(out.pow(2).mean()).backward()
+        scale = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        skipped.append(scaler.get_scale() < scale)
+    assert skipped == [False, False, False, True, False, False]
+    assert [float(opt.state[p]["step"]) for p in model.parameters()] == [5.0] * 4

@@ -17,6 +17,7 @@ from apexlite.amp.fused_master import FusedMasterGrads, supports_fused_master_st
 from apexlite.amp.handle import AmpHandle
 from apexlite.amp.legacy_state import legacy_flags
 from apexlite.amp.master import MasterParams
+from apexlite.amp.master_sync import MastersFollowLoads
 from apexlite.amp.model_cast import cast_model, install_forward_scope, install_io_casts
 from apexlite.amp.o1.patches import set_o1_patches
 from apexlite.amp.environment import (apply_environment, fit_overrides_to_level, loss_scale_from_environment,
@@ -146,7 +147,7 @@ def _register(session: AmpSession, transaction: InitializeTransaction, model_lis
         if properties.master_weights:  # a load_state_dict later must reach the masters (master_sync.py)
             for module in model.modules():
                 if module._parameters:
-                    session.patcher.add_handle(module.register_load_state_dict_post_hook(session.weights_loaded),
+                    session.patcher.add_handle(module.register_load_state_dict_post_hook(MastersFollowLoads(session)),
                                                "load_state_dict post-hook (O2 masters follow)", owner=module)
     for optimizer in optimizer_list:
         if properties.cast_model_type and not properties.master_weights:

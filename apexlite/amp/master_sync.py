@@ -21,7 +21,8 @@ a rounding error. Masters restored from a checkpoint (carried into initialize) a
 """
 from __future__ import annotations
 
-from typing import Callable, List, Tuple
+import weakref
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -77,3 +78,23 @@ class MasterSync:
             session.info("%s: %d of %d model params were written after amp.initialize or a load_state_dict (loaded "
                          "weights, a broadcast); their fp32 master weights were rebuilt from them", self._label,
                          rebuilt, len(pairs))
+
+
+class MastersFollowLoads:
+    """The ``load_state_dict`` post-hook on each module of an O2 model: re-arms the check above. It holds its
+    session weakly, and a copied or unpickled model (``copy.deepcopy``, ``torch.save(model)``, an EMA copy)
+    gets an inert one: the copy's params are no optimizer's, and the session itself cannot be copied."""
+
+    def __init__(self, session: Optional[Any]) -> None:
+        self._session = weakref.ref(session) if session is not None else None
+
+    def __call__(self, module: torch.nn.Module, incompatible: Any) -> None:
+        session = self._session() if self._session is not None else None
+        if session is not None and not session.closed:
+            session.weights_loaded(module, incompatible)
+
+    def __reduce__(self) -> tuple:
+        return (MastersFollowLoads, (None,))
+
+    def __deepcopy__(self, memo: dict) -> "MastersFollowLoads":
+        return MastersFollowLoads(None)

@@ -7,6 +7,9 @@ it to apex's documented result on both O2 paths (separate masters with a torch o
 fused masters): a written param's master is that param, upcast; an untouched param keeps the exact fp32
 weight it started from.
 """
+import copy
+import io
+
 import pytest
 import torch
 
@@ -142,3 +145,34 @@ def test_the_load_hooks_go_with_the_session():
     assert all(module._load_state_dict_post_hooks for module in model.modules() if module._parameters)
     amp.deinitialize()
     assert not any(module._load_state_dict_post_hooks for module in model.modules())
+
+
+def _copied(model, how):
+    if how == "deepcopy":
+        return copy.deepcopy(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_a_copy_of_the_model_computes_alike_and_its_loads_leave_the_masters_alone(name, how):
+    """An EMA copy (copy.deepcopy) or a whole-model save of an O2 model: the copy runs the same forward, and
+    loading weights into the copy does not re-arm the original's masters (its params are no optimizer's)."""
+    low = torch.bfloat16
+    model, optimizer, _ = _set_up(OPTIMIZERS[name], low)
+    for group in optimizer.param_groups:
+        group["lr"] = 0.05
+    _backward_and_step(model, optimizer, low)
+    twin = _copied(model, how)
+    x = torch.randn(3, 5, dtype=low)
+    assert torch.equal(twin(x), model(x))
+    masters_before = [m.detach().clone() for m in amp.master_params(optimizer)]
+    twin.load_state_dict(_loaded_weights(model))
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    _backward_and_step(model, optimizer, low)
+    assert all(torch.equal(m, b) for m, b in zip(amp.master_params(optimizer), masters_before))
+    assert not torch.equal(twin(x), model(x))

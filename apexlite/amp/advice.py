@@ -99,12 +99,13 @@ class SlowCpuHalf:
 
 
 def warn_known_traps(properties: Any, optimizers: Sequence[Any], low_dtype: torch.dtype,
-                     models: Sequence[Any] = ()) -> List[str]:
-    """Log a warning (rank 0) for each known trap of this configuration, and the slow-path advice for
-    `models` (SlowCpuHalf); returns the trap messages."""
+                     models: Sequence[Any] = (), advise: bool = True) -> List[str]:
+    """Log a warning (rank 0) for each known trap of this configuration, and, when ``advise`` (verbosity >= 1),
+    the slow-path advice for `models` (SlowCpuHalf); returns the trap messages."""
     messages = find_known_traps(properties, optimizers, low_dtype)
     if is_rank_zero():
         for message in messages:
             log.warning(message)
-    SlowCpuHalf.advise(properties, models, low_dtype)
+    if advise:
+        SlowCpuHalf.advise(properties, models, low_dtype)
     return messages

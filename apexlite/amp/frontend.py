@@ -99,9 +99,9 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
     session.stats.amp_enabled = bool(enabled)
     session.publish()
     if enabled:
-        warn_known_traps(properties, new_optimizers, low_dtype, new_models)
+        warn_known_traps(properties, new_optimizers, low_dtype, new_models, advise=verbosity >= 1)
     if existing is not None:
-        log.info("amp.initialize called again: opt_level=%s now applies; %d model(s) and %d optimizer(s) "
+        session.info("amp.initialize called again: opt_level=%s now applies; %d model(s) and %d optimizer(s) "
                  "are registered and share %d new loss scaler(s) (session %s; amp.deinitialize() starts over)",
                  properties.opt_level, len(session.models), len(session.optimizers), len(session.loss_scalers),
                  "extended" if new_models or new_optimizers else "replaced")
@@ -150,10 +150,14 @@ def _register(session: AmpSession, transaction: InitializeTransaction, model_lis
                     session.patcher.add_handle(module.register_load_state_dict_post_hook(MastersFollowLoads(session)),
                                                "load_state_dict post-hook (O2 masters follow)", owner=module)
     for optimizer in optimizer_list:
-        if properties.cast_model_type and not properties.master_weights:
-            _recast_state(optimizer)
+        if properties.cast_model_type and not properties.master_weights and _recast_state(optimizer):
+            session.info("cast the optimizer state %s held before amp.initialize to its params' dtype",
+                         type(optimizer).__name__)
         carried = take_carried_masters(optimizer, model_list)
         _restore_carried_masters(optimizer, carried, fp32_sources if properties.master_weights else None)
+        if carried:
+            session.info("restored %d fp32 master weight(s) that %s loaded before amp.initialize", len(carried),
+                         type(optimizer).__name__)
         grads = _grad_strategy(session, optimizer, properties.master_weights, fp32_sources, bool(carried))
         amp_optimizer = AmpOptimizer(optimizer, session, grads)
         session.optimizers[id(optimizer)] = amp_optimizer
@@ -162,13 +166,14 @@ def _register(session: AmpSession, transaction: InitializeTransaction, model_lis
         session.from_initialize = True
 
 
-def _recast_state(optimizer: Any) -> None:
+def _recast_state(optimizer: Any) -> bool:
     """State loaded before initialize (a resume) follows its params into the cast dtype, as a load after
-    initialize would: the optimizer reloads its own state_dict, which casts it to each param's dtype."""
+    initialize would: the optimizer reloads its own state_dict, which casts it to each param's dtype. Returns
+    whether there was state to cast."""
     if any(optimizer.state.values()):
         optimizer.load_state_dict(optimizer.state_dict())
-        log.info("cast the optimizer state %s held before amp.initialize to its params' dtype",
-                 type(optimizer).__name__)
+        return True
+    return False
 
 
 def _restore_carried_masters(optimizer: Any, carried: List[Any], fp32_sources: Optional[Dict[Any, Any]]) -> None:
@@ -181,8 +186,6 @@ def _restore_carried_masters(optimizer: Any, carried: List[Any], fp32_sources: O
             param.copy_(master)
             if fp32_sources is not None and param.dtype != torch.float32:
                 fp32_sources[param] = master
-    log.info("restored %d fp32 master weight(s) that %s loaded before amp.initialize", len(carried),
-             type(optimizer).__name__)
 
 
 def _install_forward_scopes(session: AmpSession) -> None:

@@ -133,7 +133,9 @@ def test_scale_loss_before_initialize_and_foreign_optimizer():
 def test_banner_matches_apex_layout(caplog):
     with caplog.at_level(logging.INFO, logger="apexlite"):
         amp.initialize(*model_opt(), opt_level="O2")
-    lines = caplog.records[-1].getMessage().split("\n")
+    banners = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Selected optimization level")]
+    assert len(banners) == 1  # (beside it, once per process, the advice on float16 on CPU)
+    lines = banners[0].split("\n")
     assert lines[0] == "Selected optimization level O2:  FP16 training with FP32 batchnorm and FP32 master weights."
     assert lines[1] == ""
     assert lines[2] == "Defaults for this optimization level are:"

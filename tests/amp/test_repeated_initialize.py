@@ -134,6 +134,19 @@ def test_o1_patches_are_never_stacked_and_deinitialize_restores_the_originals():
     assert F.linear is originals["torch.nn.functional.linear"]
 
 
+def test_verbosity_zero_says_nothing_when_called_again(caplog):
+    """apex's verbosity=0 silenced amp's prints: the repeat call's INFO line is one of them."""
+    models = [torch.nn.Linear(4, 4) for _ in range(2)]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+    try:
+        amp.initialize(models[0], optimizers[0], opt_level="O1", dtype=torch.bfloat16, verbosity=0)
+        with caplog.at_level(logging.INFO, logger="apexlite"):
+            amp.initialize(models[1], optimizers[1], opt_level="O2", dtype=torch.bfloat16, verbosity=0)
+        assert caplog.records == []
+    finally:
+        amp.deinitialize()
+
+
 def test_latest_options_apply_and_earlier_optimizers_share_the_fresh_scalers(caplog):
     first = torch.nn.Linear(4, 4)
     first_opt = torch.optim.SGD(first.parameters(), lr=0.1)
@@ -144,7 +157,7 @@ def test_latest_options_apply_and_earlier_optimizers_share_the_fresh_scalers(cap
         amp.initialize(first, first_opt, opt_level="O1", loss_scale=128.0, verbosity=0)
         assert F.linear is not original_linear
         with caplog.at_level(logging.INFO, logger="apexlite"):
-            amp.initialize(second, second_opt, opt_level="O2", num_losses=2, verbosity=0)
+            amp.initialize(second, second_opt, opt_level="O2", num_losses=2, verbosity=1)
         assert "amp.initialize called again" in caplog.text and "extended" in caplog.text
         assert F.linear is original_linear  # O2 does not patch torch: the O1 layer is gone
         session = current_session()

@@ -23,7 +23,8 @@ NOTE [flat buffers]
   A param without grad, a grad of another dtype, a replaced ``.data`` (``model.half()``) or a changed
   params list send the step down the per-tensor path once and rebuild the layout at the next step,
   re-reading the step counters (one host sync). A group that still changes after MAX_REBUILDS
-  rebuilds stays on the per-tensor path (said once at INFO).
+  rebuilds stays on the per-tensor path (said once at INFO). A grad no build could take (a master's
+  own fp32 grad, O2 accumulating or clipping; one on another device) steps per tensor and rebuilds nothing.
 - Costs: building copies a set's params and state into the new buffers while the old memory is
   still held (at most one buffer's worth, MAX_BUFFER_ELEMENTS, more at once per role). A tensor
   that aliased a param's old memory (``w = layer.weight.detach()`` taken before the first step) no
@@ -82,8 +83,7 @@ class GroupLayout:
     options: Tuple[Any, ...]  # (master_weights, moment dtype) when built
     sets: List[FlatSet]
     outsiders: List[torch.Tensor]  # never flattened
-    waiting: List[torch.Tensor]  # had no grad at the build: a grad now rebuilds the layout
-    counted_waiting: List[torch.Tensor]  # of those, the ones whose state has a step counter
+    waiting: List[torch.Tensor]  # had no grad that fits a build: such a grad now rebuilds the layout
     stale: bool = False
 
 
@@ -109,8 +109,8 @@ class FlatBuffers:
              has_kernel: Callable[[torch.device], bool], give_counter: Optional[GiveCounter] = None
              ) -> Tuple[List[FlatRun], List[torch.Tensor]]:
         """This step's flat runs for ``group`` (each yields its calls as it is iterated), and the params
-        that take the per-tensor path, with the params whose state has a counter but who had no grad at
-        the build. ``has_kernel``: whether apexlite's kernels (which can read fresh grads where they are) step
+        that take the per-tensor path (with the waiting params whose counter the group's count advances).
+        ``has_kernel``: whether apexlite's kernels (which can read fresh grads where they are) step
         params on a device; ``give_counter``: how a param joining a build without state gets its counter."""
         params = group["params"]
         if not self.enabled or self._rebuilds.get(id(group), 0) > MAX_REBUILDS:
@@ -148,12 +148,25 @@ class FlatBuffers:
             if reason == GROUP_CHANGED:
                 return [], list(params)
             rest.extend(flat_set.members)
-        joining = [p for p in layout.waiting if p.grad is not None]
-        if joining:
-            self._rebuild_later(group, layout, 0)
-            rest.extend(joining)
-        rest.extend(p for p in layout.counted_waiting if p.grad is None)
+        rest.extend(self._waiting_now(group, layout))
         return runs, rest
+
+    def _waiting_now(self, group: Dict[str, Any], layout: GroupLayout) -> List[torch.Tensor]:
+        """The params without a place in the buffers that step per tensor now (those with a grad) or whose
+        counter the group's step count advances (those with state); a grad that fits a build rebuilds the
+        layout at the next step. A master's own fp32 grad (O2 accumulating or clipping) does not fit."""
+        now, rebuild = [], False
+        for param in layout.waiting:
+            entry = self._state_map.get(param)
+            grad, masters_own = adam_state.step_grad(param, entry)
+            if grad is not None:
+                rebuild = rebuild or _fits_a_build(param, grad, masters_own)
+                now.append(param)
+            elif entry and "step" in entry:
+                now.append(param)
+        if rebuild:
+            self._rebuild_later(group, layout, 0)
+        return now
 
     def clear_grads(self, group: Dict[str, Any], set_to_none: bool) -> List[torch.Tensor]:
         """zero_grad for the params of ``group`` in flat buffers (one pass per set, and one fill when the grads
@@ -212,8 +225,7 @@ class FlatBuffers:
                 outsiders.append(param)
                 continue
             grad, masters_own = adam_state.step_grad(param, state.get(param))
-            usable = grad is not None and not masters_own and grad.layout == torch.strided
-            if not usable or grad.device != param.device or grad.dtype not in adam_state.SUPPORTED_DTYPES:
+            if grad is None or not _fits_a_build(param, grad, masters_own):
                 waiting.append(param)
                 continue
             joining.append((param, grad.dtype))
@@ -233,8 +245,7 @@ class FlatBuffers:
             key = (param.device, master, param.dtype, grad_dtype, moments, step)
             keyed.setdefault(key, []).append(param)
         sets = [self._make_set(chunk, *key) for key, params in keyed.items() for chunk in chunks(params)]
-        counted = [param for param in waiting if "step" in state.get(param, ())]
-        return GroupLayout(tuple(group["params"]), options, sets, outsiders, waiting, counted)
+        return GroupLayout(tuple(group["params"]), options, sets, outsiders, waiting)
 
     def _make_set(self, params: List[torch.Tensor], device: torch.device, master: bool, param_dtype: torch.dtype,
                   grad_dtype: torch.dtype, moment_dtype: torch.dtype, step: float) -> FlatSet:
@@ -293,3 +304,9 @@ def _outdated(layout: GroupLayout) -> bool:
             if bool(low != high):
                 return True
     return not layout.sets and any(p.grad is not None for p in layout.waiting)
+
+
+def _fits_a_build(param: torch.Tensor, grad: torch.Tensor, masters_own: bool) -> bool:
+    """Whether ``grad`` can join the buffers: the param's own dense grad, on its device, of a supported dtype."""
+    return (not masters_own and grad.layout == torch.strided and grad.device == param.device
+            and grad.dtype in adam_state.SUPPORTED_DTYPES)

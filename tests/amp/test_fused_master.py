@@ -281,3 +281,24 @@ def test_fused_o2_step_leaves_the_model_grads_scaled_as_apex_did():
         assert "leave_grads_scaled" not in vars(opt) and "grad_scale" not in vars(opt)
     finally:
         amp.deinitialize()
+
+
+def test_accumulating_steps_leave_the_flat_buffers_alone_until_a_plain_step(caplog):
+    """O2 with two backward passes per step puts fp32 grads on the masters, which no flat buffer takes: those
+    steps run per tensor without rebuilding the buffers (it rebuilt at every step and, after a few, gave the
+    buffers up for the rest of the run); the first plain step after them rebuilds once."""
+    torch.manual_seed(0)
+    model = mlp()
+    opt = FusedAdam(model.parameters(), lr=1e-2)
+    model, opt = amp.initialize(model, opt, opt_level="O2", dtype=torch.bfloat16, verbosity=0)
+    rebuilds = []
+    with caplog.at_level("DEBUG", logger="apexlite.optimizers"):
+        for backward_passes in [2] * 8 + [1] * 3:
+            caplog.clear()
+            for _ in range(backward_passes):
+                with amp.scale_loss(model(torch.randn(8, 4, dtype=torch.bfloat16)).float().pow(2).mean(), opt) as s:
+                    s.backward()
+            opt.step()
+            opt.zero_grad()
+            rebuilds.append(sum("flat buffers" in record.getMessage() for record in caplog.records))
+    assert rebuilds == [0] * 8 + [1, 0, 0]

@@ -18,6 +18,7 @@ losses stay device tensors until a report is written, so recording never syncs.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import json
 import math
@@ -178,6 +179,7 @@ class RunStats:
         if step == self.memory_probe_step - 1:
             self._start_memory_probe()
         elif step == self.memory_probe_step and self._probe is not None:
+            atexit.unregister(self._end_unfinished_probe)
             self._probe.stop()
             self.peak_tensor_bytes, self.memory_note = self._probe.peak_bytes, self._probe.error
             self._probe = None
@@ -199,6 +201,15 @@ class RunStats:
         if not cuda_in_use():
             self._probe = StepMemoryProbe()
             self._probe.start()
+            atexit.register(self._end_unfinished_probe)
+
+    def _end_unfinished_probe(self) -> None:
+        """At exit inside the probed step (a script of that many steps, a step budget): torch's profiler left
+        running crashes the interpreter on its way out (SIGSEGV), so it is stopped, its step unmeasured."""
+        if self._probe is not None:
+            self._probe.stop()
+            self._probe = None
+            self.memory_note = f"not measured: the run ended inside step {self.memory_probe_step}, the one measured"
 
     def _end_run_at_budget(self) -> None:
         self.cut_at_budget = True

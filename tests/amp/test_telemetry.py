@@ -270,3 +270,25 @@ def test_apexlite_run_with_a_step_budget_exits_cleanly_and_reports(tmp_path):
     telemetry = json.loads(report.read_text())
     assert (telemetry["steps"], telemetry["applied_steps"], telemetry["skipped_steps"]) == (6, 5, 1)
     assert telemetry["skipped_at"] == [2] and telemetry["cut_at_budget"] is True
+
+
+@pytest.mark.parametrize("budget", ["2", "3", None], ids=["budget-inside-the-probe", "budget-at-the-probe", "own-end"])
+def test_a_run_ending_inside_the_measured_step_exits_cleanly(tmp_path, budget):
+    """The memory probe starts after the step before the measured one; a run that ends there (a script of
+    that many steps, or a step budget) used to leave torch's profiler running, which killed the interpreter
+    at exit (SIGSEGV). The report says the step was not measured; one more step measures it."""
+    script, report = tmp_path / "short.py", tmp_path / "telemetry.json"
+    script.write_text(ENDLESS.replace("while True:", "while step < 2:").replace('print("never reached")', ""))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("APEXLITE_")}
+    env[TELEMETRY_ENV] = str(report)
+    if budget is not None:
+        env[MAX_STEPS_ENV] = budget
+        script.write_text(ENDLESS)
+    result = subprocess.run([sys.executable, "-m", "apexlite", "run", str(script)], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr
+    measure = json.loads(report.read_text())["peak_tensor_measure"]
+    if budget == "3":
+        assert measure == "CPU: profiler peak of step 3"
+    else:
+        assert measure == "not measured: the run ended inside step 3, the one measured"

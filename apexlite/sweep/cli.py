@@ -45,7 +45,10 @@ def main(argv: List[str]) -> int:
     speed = SpeedTable(times)
     rows = [verdict.combine(records[pair]) for pair in pairs]
     for row, pair in zip(rows, pairs):
-        row.update(step_time_ms=speed.step_time_ms(pair), timed_rounds=speed.timed_rounds(pair),
+        interval = speed.step_time_interval_ms(pair)  # a step time is stated only with its interval
+        row.update(step_time_ms=speed.step_time_ms(pair) if interval is not None else None,
+                   step_time_ms_95=list(interval) if interval is not None else None,
+                   timed_rounds=speed.timed_rounds(pair),
                    round_step_times_ms=[None if value is None else value * 1e3 for value in times.wall[pair]])
     baseline, baseline_note = verdict.choose_baseline(rows)
     verdict.apply_baseline(rows, baseline)

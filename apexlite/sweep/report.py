@@ -20,7 +20,8 @@ COLUMNS = (
     ("steps", "steps", "optimizer step() calls, skipped ones included"),
     ("skipped_steps", "skipped", "steps skipped because the gradients overflowed"),
     ("step_time_ms", "ms/step", "median over the rounds of the round's step time (the median of its slice's "
-                                "steps that did not wait for a CPU)"),
+                                "steps that did not wait for a CPU); '-' below 6 timed rounds"),
+    ("step_time_ms_95", "interval", "95% interval of that median (sign test over the rounds)"),
     ("timed_rounds", "rounds", "rounds that timed this run (a slice whose steps mostly waited does not count)"),
     ("peak_tensor_mb", "peak tensor MB", "CUDA: torch.cuda.max_memory_allocated; CPU: peak of live tensor "
                                          "bytes during one step (profiler)"),
@@ -74,6 +75,8 @@ def load_notes(peak_load: float, cores: int) -> List[str]:
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, list) and len(value) == 2:  # an interval
+        return f"{value[0]:.4g}-{value[1]:.4g}"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, List, Optional, Tuple
 
-from apexlite.sweep.intervals import MAX_SPREAD, MIN_ROUNDS, SpeedRatio, speed_ratio
+from apexlite.sweep.intervals import MAX_SPREAD, MIN_ROUNDS, SpeedRatio, median_interval, speed_ratio
 from apexlite.sweep.rounds import WAIT_SHARE, RoundTimes
 
 Pair = Tuple[str, str]
@@ -25,6 +25,11 @@ class SpeedTable:
         """Median over rounds of the pair's undisturbed step time; None when no round timed it."""
         values = [value for value in self.times.wall.get(pair, []) if value]
         return statistics.median(values) * 1e3 if values else None
+
+    def step_time_interval_ms(self, pair: Pair) -> Optional[Tuple[float, float]]:
+        """The 95% interval of that median (intervals.py); None below MIN_ROUNDS timed rounds."""
+        interval = median_interval([value for value in self.times.wall.get(pair, []) if value])
+        return None if interval is None else (interval[0] * 1e3, interval[1] * 1e3)
 
     def timed_rounds(self, pair: Pair) -> int:
         return sum(1 for value in self.times.wall.get(pair, []) if value)

@@ -12,7 +12,7 @@ from apexlite.sweep.speed import SpeedTable
 STATUS_ORDER = ("failed", "timeout", "diverged", "ok")  # a row takes the first status any repeat had
 DIVERGED_LOSS_RATIO = 2.0
 # telemetry fields whose median over the repeats a row reports
-MEDIAN_FIELDS = ("steps", "applied_steps", "skipped_steps", "measured_steps", "step_time_ms", "step_time_ms_iqr",
+MEDIAN_FIELDS = ("steps", "applied_steps", "skipped_steps", "measured_steps",
                  "peak_tensor_mb", "state_bytes_per_param", "max_rss_mb", "first_loss", "final_loss",
                  "loss_scale", "casts_per_iteration")
 
@@ -67,7 +67,10 @@ def combine(records: List[Dict[str, Any]]) -> Dict[str, Any]:
                            "error": first_with_status["error"], "repeats": len(records)}
     for field in MEDIAN_FIELDS:
         row[field] = _median([t.get(field) for t in measured])
-    row["step_time_ms_repeats"] = [t.get("step_time_ms") for t in measured]
+    # the run's own step timing, which the table does not report (it times the rounds: speed.py)
+    row["in_process_step_time_ms"] = _median([t.get("step_time_ms") for t in measured])
+    row["in_process_step_time_ms_iqr"] = _median([t.get("step_time_ms_iqr") for t in measured])
+    row["in_process_step_time_ms_repeats"] = [t.get("step_time_ms") for t in measured]
     row["wall_time_s"] = _median([r.get("wall_time_s") for r in records])
     first = measured[0] if measured else {}
     row["peak_tensor_measure"] = first.get("peak_tensor_measure")
@@ -134,8 +137,9 @@ def _by_speed(candidates: List[Dict[str, Any]], baseline: Dict[str, Any], speed:
     unbeaten = [row for row in candidates
                 if not any(_measurably_faster(speed, other, row) for other in candidates if other is not row)]
     choice = min(unbeaten or candidates, key=lambda row: _rank(row, order))
-    step = speed.step_time_ms(_pair(choice))
-    reason = f"{label(choice)}: " + (f"{step:.3g} ms/step" if step is not None else "step time not measured")
+    step, interval = speed.step_time_ms(_pair(choice)), speed.step_time_interval_ms(_pair(choice))
+    reason = f"{label(choice)}: " + (f"{step:.3g} ms/step (95% interval {interval[0]:.3g}-{interval[1]:.3g})"
+                                     if interval is not None else "step time not measured")
     if choice is not baseline:
         ratio = speed.ratio(_pair(baseline), _pair(choice))
         reason += (f"; its speed relative to {label(baseline)}: {ratio.text()}" if ratio.low is None else

@@ -28,8 +28,9 @@ def test_a_load_above_the_core_count_is_noted(load, cores, noted):
 
 def test_table_has_a_column_and_a_legend_line_per_measure():
     row = {key: None for key, _, _ in report.COLUMNS}
-    row.update(opt_level="O1", dtype="float16", status="ok", steps=20, step_time_ms=1.23456, timed_rounds=9)
+    row.update(opt_level="O1", dtype="float16", status="ok", steps=20, step_time_ms=1.23456,
+               step_time_ms_95=[1.2, 1.25], timed_rounds=9)
     lines = report.format_table([row]).splitlines()
-    assert lines[0].split()[:7] == ["level", "dtype", "status", "steps", "skipped", "ms/step", "rounds"]
-    assert lines[2].split()[:7] == ["O1", "float16", "ok", "20", "-", "1.235", "9"]
+    assert lines[0].split()[:8] == ["level", "dtype", "status", "steps", "skipped", "ms/step", "interval", "rounds"]
+    assert lines[2].split()[:8] == ["O1", "float16", "ok", "20", "-", "1.235", "1.2-1.25", "9"]
     assert len(report.legend().splitlines()) == sum(1 for _, _, meaning in report.COLUMNS if meaning)

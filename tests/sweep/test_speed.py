@@ -1,6 +1,8 @@
 """sweep.speed: the speed section names every ratio with its interval, or says why speed was not measured."""
 import re
 
+import pytest
+
 from apexlite.sweep.rounds import RoundTimes
 from apexlite.sweep.speed import SpeedTable
 
@@ -26,6 +28,12 @@ def test_each_ratio_is_printed_with_its_interval_and_verdict():
     assert re.fullmatch(r"  O1 float16  0\.49x \[0\.48, 0\.50\] +slower", lines[1])
     assert re.fullmatch(r"  O2 float16  1\.00x \[0\.98, 1\.02\] +no measurable difference", lines[2])
     assert table.step_time_ms(O1) == 2.05 and table.timed_rounds(O1) == 8
+    assert table.step_time_interval_ms(O1) == pytest.approx((2.0, 2.1))  # sign test over 8 rounds: the outermost
+
+
+def test_a_step_time_has_no_interval_below_six_timed_rounds():
+    table = _table({O0: [1.0e-3] * 5 + [None] * 3})
+    assert table.timed_rounds(O0) == 5 and table.step_time_interval_ms(O0) is None
 
 
 def test_nothing_measured_is_one_line_saying_why():

@@ -72,12 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--verify", action="store_true",
                         help="run the original under `apexlite run` and the migrated script under plain python "
                              "(apex not importable) for --max-steps optimizer steps each, and compare the losses")
-    parser.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS, metavar="N",
+    parser.add_argument("--max-steps", type=int, metavar="N",
                         help=f"optimizer steps per verify run (default {DEFAULT_MAX_STEPS})")
-    parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+    parser.add_argument("--tolerance", type=float,
                         help=f"largest relative loss difference verify accepts (default {DEFAULT_TOLERANCE:g}; "
                              "see MIGRATION.md for how it was chosen)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per verify run")
+    parser.add_argument("--timeout", type=float, help=f"seconds per verify run (default {DEFAULT_TIMEOUT_S:g})")
     return parser
 
 
@@ -109,9 +109,19 @@ def parse_arguments(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:
     own, script_args = _split(list(argv))
     parser = _parser()
     args = parser.parse_args(own)
-    _check_options(parser, args)
     if script_args and not args.verify:
         parser.error("arguments after `--` are for the script under --verify; add --verify")
+    from apexlite.migrate.options import DEFAULT_TOLERANCE
+
+    verify_only = {"max_steps": DEFAULT_MAX_STEPS, "tolerance": DEFAULT_TOLERANCE, "timeout": DEFAULT_TIMEOUT_S}
+    given = [f"--{name.replace('_', '-')}" for name in verify_only if getattr(args, name) is not None]
+    if given and not args.verify:
+        parser.error(f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} under --verify (nothing "
+                     "else reads it); add --verify")
+    for name, default in verify_only.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    _check_options(parser, args)
     return args, script_args
 
 

@@ -110,6 +110,8 @@ def _write(path, data):
     (["--timeout", "-1", "--verify"], b"--timeout must be a finite number of seconds > 0"),
     (["--timeout", "nan", "--verify"], b"--timeout must be a finite number of seconds > 0"),
     (["--", "--epochs", "1"], b"add --verify"),
+    (["--max-steps", "5"], b"--max-steps only applies under --verify"),  # never a silent no-op
+    (["--tolerance", "1", "--timeout", "5"], b"--tolerance, --timeout only apply under --verify"),
     (["-o", "x.py", "--diff"], b"not allowed with"),
 ])
 def test_bad_options_exit_2(args, message):

@@ -27,6 +27,7 @@ from apexlite.compat.child_path import CHILD_PATH
 from apexlite.gloo_exit import GlooRelease
 from apexlite.help_text import wrap
 from apexlite.script_main import MainNotFound, execute_main, load_main, search_path_entry
+from apexlite.script_program import looks_like_notebook
 from apexlite.switches import help_section
 
 log = get_logger("runner")
@@ -127,6 +128,11 @@ def run_script(path: str, args: List[str]) -> int:
         sys.stderr.write(f"apexlite run: can't open file {os.path.abspath(path)!r}: [Errno 2] No such file or "
                          "directory\n")
         return 2
+    if _is_notebook(path):  # its JSON parses as a Python expression: running it would do nothing, silently
+        sys.stderr.write(f"apexlite run: {path} is a Jupyter notebook, which Python does not run; run it in "
+                         "Jupyter with `import apexlite; apexlite.install()` in its first cell, or export it "
+                         "(`jupyter nbconvert --to script`) and run the .py\n")
+        return 2
     with _legacy_environment([path, *args], search_path_entry(path)):
         try:
             namespace, code = load_main(path)
@@ -148,6 +154,16 @@ def run_script(path: str, args: List[str]) -> int:
         except BaseException as error:  # noqa: B902 -- every other error ends the run as in `python SCRIPT`
             return _report_exception(error, namespace["__file__"])
     return 0
+
+
+def _is_notebook(path: str) -> bool:
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "rb") as handle:
+            return looks_like_notebook(path, handle.read())
+    except OSError:
+        return False
 
 
 def run_module(name: str, args: List[str]) -> int:
@@ -177,6 +193,12 @@ def usage() -> str:
 
 def main(argv: List[str]) -> int:
     """Entry point of `python -m apexlite run`."""
+    if argv[:1] == ["--"]:  # `run -- SCRIPT ARGS`, as `python -- SCRIPT ARGS`
+        argv = argv[1:]
+        if not argv:
+            sys.stderr.write("apexlite run: `--` needs a script after it\n" + usage() + "\n")
+            return 2
+        return run_script(argv[0], argv[1:])
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(usage() + "\n")
         return 0 if argv else 2

@@ -1,9 +1,12 @@
 """`python -m apexlite run`: the script sees what `python SCRIPT` gives it, plus apex resolved to apexlite."""
+import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 90
@@ -165,3 +168,25 @@ def test_missing_script_and_usage(tmp_path, capsys):
     assert "can't open file" in capsys.readouterr().err
     assert runner.main([]) == 2
     assert "usage: python -m apexlite run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["train.ipynb", "train_notebook_without_suffix"])
+def test_a_notebook_is_refused_with_what_to_do(tmp_path, capsys, name):
+    """A notebook's JSON parses as a Python expression: run exited 0 having run nothing (a user's review)."""
+    from apexlite import runner
+
+    notebook = tmp_path / name
+    notebook.write_text(json.dumps({"cells": [{"cell_type": "code", "source": "print('ran')", "metadata": {},
+                                               "outputs": [], "execution_count": None}],
+                                    "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert runner.main([str(notebook)]) == 2
+    captured = capsys.readouterr()
+    assert "is a Jupyter notebook, which Python does not run" in captured.err and "ran" not in captured.out
+
+
+def test_a_double_dash_before_the_script_is_taken_as_python_takes_it(tmp_path):
+    script = tmp_path / "args.py"
+    script.write_text("import sys\nprint(sys.argv[1:])\n")
+    result = apexlite_run("--", str(script), "--flag", "x", cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.strip() == "['--flag', 'x']", result.stderr
+    assert apexlite_run("--", cwd=tmp_path).returncode == 2

@@ -3,7 +3,9 @@
 
 The checkpoint keeps its key: `{"amp": amp.state_dict()}` becomes `{"amp": scaler.state_dict()}` (one
 scaler), or a dict in apex's own layout `{"loss_scaler0": ..., "loss_scaler1": ...}` with each loss id's
-GradScaler state (several); without a scaler amp's state is empty (`{}`) and loading it goes. A loss
+GradScaler state (several); loading reads either form, apex's `{'loss_scale', 'unskipped'}` (a checkpoint
+written before the migration) into GradScaler's scale and growth tracker; without a scaler amp's state is
+empty (`{}`) and loading it goes. A loss
 scale read for a print becomes `scaler.get_scale()` (1.0 without a scaler). Anything else amp kept in
 `_amp_state` has no native counterpart: a TODO.
 """
@@ -22,8 +24,8 @@ from apexlite.migrate.scale_loss import ScaleLossPlanner
 from apexlite.migrate.values import literal
 
 CHECKPOINT_NOTE = ("checkpoints written before the migration hold apex's scaler state ({'loss_scaler0': "
-                   "{'loss_scale', 'unskipped'}}), which GradScaler.load_state_dict does not read; resume those "
-                   "with a fresh GradScaler")
+                   "{'loss_scale', 'unskipped'}}): such a state is read into GradScaler's form here (its scale "
+                   "and growth tracker), one written since is loaded as it is")
 
 
 def _scaler_names(planner: ScaleLossPlanner) -> Dict[int, str]:
@@ -64,16 +66,25 @@ def _plan_load(plan: Plan, planner: ScaleLossPlanner, use: ApexUse) -> None:
         plan.comment(call, "amp.load_state_dict(...) removed: nothing is loss-scaled any more")
         plan.replace_small(small, lambda _: [])
         return
-    plan.comment(call, CHECKPOINT_NOTE)
-    if len(planner.scalers) == 1 and list(names) == [0]:
-        plan.replace_expression(call.func, lambda _: expression(f"{names[0]}.load_state_dict"))
-        return
     if not _repeatable(state):
-        plan.todo(call, "load each GradScaler from its key of this state (assign the state to a variable first)")
+        plan.todo(call, "load each GradScaler from this state, which a checkpoint written before the migration "
+                        "holds in apex's form (assign the state to a variable first, and run migrate again)")
         return
+    plan.comment(call, CHECKPOINT_NOTE)
     state_code = analysis.code(state)
-    lines = [f'{name}.load_state_dict({state_code}["loss_scaler{loss_id}"])' for loss_id, name in names.items()]
+    if len(planner.scalers) == 1 and list(names) == [0]:
+        apex_state = state_code + '["loss_scaler0"]'
+        lines = [f"{names[0]}.load_state_dict({_either_form(state_code, apex_state, names[0])})"]
+    else:
+        lines = [f'{name}.load_state_dict({_either_form(key, key, name)})' for name, key in
+                 ((name, f'{state_code}["loss_scaler{loss_id}"]') for loss_id, name in names.items())]
     plan.replace_small(small, lambda _: [small_statement(line) for line in lines])
+
+
+def _either_form(state: str, apex_state: str, scaler: str) -> str:
+    """`state` when it is a GradScaler's, else `apex_state` (apex's {'loss_scale', 'unskipped'}) in its form."""
+    return (f'{state} if "scale" in {state} else {{**{scaler}.state_dict(), "scale": {apex_state}["loss_scale"], '
+            f'"_growth_tracker": {apex_state}["unskipped"]}}')
 
 
 def _repeatable(node: cst.BaseExpression) -> bool:

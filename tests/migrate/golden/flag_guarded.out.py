@@ -17,9 +17,9 @@ def train(hparams, loader, checkpoint=None):
     if hparams.fp16_run:
         if checkpoint is not None:
             # apexlite migrate: checkpoints written before the migration hold apex's scaler state
-            #     ({'loss_scaler0': {'loss_scale', 'unskipped'}}), which GradScaler.load_state_dict does not
-            #     read; resume those with a fresh GradScaler
-            scaler.load_state_dict(checkpoint["amp"])
+            #     ({'loss_scaler0': {'loss_scale', 'unskipped'}}): such a state is read into GradScaler's form
+            #     here (its scale and growth tracker), one written since is loaded as it is
+            scaler.load_state_dict(checkpoint["amp"] if "scale" in checkpoint["amp"] else {**scaler.state_dict(), "scale": checkpoint["amp"]["loss_scaler0"]["loss_scale"], "_growth_tracker": checkpoint["amp"]["loss_scaler0"]["unskipped"]})
 
     is_overflow = False
     for iteration, batch in enumerate(loader):

@@ -41,9 +41,9 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.fp16:
             # apexlite migrate: checkpoints written before the migration hold apex's scaler state
-            #     ({'loss_scaler0': {'loss_scale', 'unskipped'}}), which GradScaler.load_state_dict does not
-            #     read; resume those with a fresh GradScaler
-            self.scaler.load_state_dict(state["amp"])
+            #     ({'loss_scaler0': {'loss_scale', 'unskipped'}}): such a state is read into GradScaler's form
+            #     here (its scale and growth tracker), one written since is loaded as it is
+            self.scaler.load_state_dict(state["amp"] if "scale" in state["amp"] else {**self.scaler.state_dict(), "scale": state["amp"]["loss_scaler0"]["loss_scale"], "_growth_tracker": state["amp"]["loss_scaler0"]["unskipped"]})
 
 
 trainer = Trainer(fp16=True)

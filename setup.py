@@ -216,7 +216,7 @@ def _cuda_extension(torch, cpp_extension):
 def native_build():
     """(ext_modules, cmdclass, skipped): skipped is (torch version or None, why nothing is compiled), or None."""
     cmdclass = {"build_py": BuildPyWithKernelSources}
-    if os.environ.get(plan.BUILD_ENV, "1").strip() == "0":
+    if not plan.switch_on(plan.BUILD_ENV, default=True):
         return [], cmdclass, (None, f"{plan.BUILD_ENV}=0")
     try:
         import torch
@@ -226,7 +226,7 @@ def native_build():
             os.environ["CUDA_HOME"] = plan.find_cuda_home()
         from torch.utils import cpp_extension
     except ImportError:
-        if os.environ.get(plan.REQUIRE_ENV) == "1":
+        if plan.switch_on(plan.REQUIRE_ENV):
             raise SystemExit(f"apexlite: {plan.REQUIRE_ENV}=1 but torch is not importable by the build; install "
                              "torch first and use pip install --no-build-isolation")
         return [], cmdclass, (None, plan.cpu_obstacle(plan.Toolchain(None, None, None, False, False)))
@@ -234,7 +234,7 @@ def native_build():
     install = plan.install_plan(tools)
     if install.require and not install.cpu.build:
         raise SystemExit(f"apexlite: {plan.REQUIRE_ENV}=1 but the CPU library cannot be compiled: {install.cpu.why_not}")
-    if install.require and plan.truthy(os.environ.get(plan.CUDA_ENV)) and not install.cuda.build:
+    if install.require and plan.switch_on(plan.CUDA_ENV) and not install.cuda.build:
         raise SystemExit(f"apexlite: {plan.REQUIRE_ENV}=1 and {plan.CUDA_ENV}=1 but the CUDA kernel cannot be "
                          f"compiled: {install.cuda.why_not}")
     if not install.cpu.build:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import List, Optional
 
@@ -45,6 +46,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         sys.stderr.write(f"apexlite: unknown command {command!r}\n{_usage()}\n")
+        return 2
+    from apexlite.switches import refused_values
+
+    refused = refused_values(os.environ)
+    if refused:
+        sys.stderr.write("".join(f"apexlite {command}: {reason}\n" for reason in refused))
         return 2
     module = importlib.import_module(COMMANDS[command][0])
     return int(module.main(rest) or 0)

@@ -8,7 +8,7 @@ help texts and the README against this table, and that no APEXLITE_ name in the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Mapping, Tuple
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,23 @@ NOTES = {
     "migrate": "(--verify only; the migrated script runs with every APEXLITE_ variable removed)",
     "sweep": "(see `python -m apexlite run --help` for what each does)",
 }
+
+
+ON_OFF = tuple(switch.name for switch in SWITCHES if switch.value in ("0", "1"))  # read by build_plan.switch_on
+
+
+def refused_values(environ: Mapping[str, str]) -> List[str]:
+    """Why each on/off switch set in `environ` to neither on nor off is refused (checked before a command
+    runs, so a typo stops it with the fix instead of quietly meaning off)."""
+    from apexlite._native.build_plan import switch_on
+
+    refused = []
+    for name in ON_OFF:
+        try:
+            switch_on(name, environ=environ)
+        except ValueError as error:
+            refused.append(str(error))
+    return refused
 
 
 def by_name() -> Dict[str, Switch]:

@@ -44,14 +44,28 @@ DISABLE_ENV = "APEXLITE_DISABLE_EXTENSION"  # "1": at run time, use no compiled 
 DOCTOR_BUILD = "python -m apexlite doctor --build"
 
 
-def truthy(value: Optional[str]) -> bool:
-    """An environment switch's value read as on/off ("1", "true", "yes", "on" are on)."""
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+ON_VALUES = ("1", "true", "yes", "on")
+OFF_VALUES = ("0", "false", "no", "off")
+
+
+def switch_on(name: str, default: bool = False, environ: Mapping[str, str] = os.environ) -> bool:
+    """An on/off environment switch ("1", "true", "yes", "on" / "0", "false", "no", "off"; unset or empty:
+    `default`). Any other value is refused, naming the switch: a typo must not quietly mean off."""
+    raw = environ.get(name, "")
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value in ON_VALUES:
+        return True
+    if value in OFF_VALUES:
+        return False
+    raise ValueError(f"{name}={raw!r} is neither on nor off: set it to 1 to turn it on, or to 0 (or unset it) "
+                     f"to turn it off")
 
 
 def extension_disabled() -> bool:
-    """APEXLITE_DISABLE_EXTENSION is on (read like the install switches: "1", "true", "yes", "on")."""
-    return truthy(os.environ.get(DISABLE_ENV))
+    """APEXLITE_DISABLE_EXTENSION is on."""
+    return switch_on(DISABLE_ENV)
 
 
 def cpu_sources(csrc: Path) -> List[Path]:
@@ -220,13 +234,13 @@ class InstallPlan:
 
 def install_plan(tools: Toolchain, environ: Mapping[str, str] = os.environ) -> InstallPlan:
     """What `pip install` compiles: the CPU library whenever it can, the CUDA kernel only when asked."""
-    require = truthy(environ.get(REQUIRE_ENV))
-    if environ.get(BUILD_ENV, "1").strip() == "0":
-        off = Decision(False, f"{BUILD_ENV}=0")
+    require = switch_on(REQUIRE_ENV, environ=environ)
+    if not switch_on(BUILD_ENV, default=True, environ=environ):
+        off = Decision(False, f"{BUILD_ENV}={environ[BUILD_ENV].strip()}")
         return InstallPlan(off, off, require)
     obstacle = cpu_obstacle(tools)
     cpu = Decision(not obstacle, obstacle)
-    if not truthy(environ.get(CUDA_ENV)):
+    if not switch_on(CUDA_ENV, environ=environ):
         why = "" if not tools.torch_cuda else f"the install compiles it only with {CUDA_ENV}=1"
         return InstallPlan(cpu, Decision(False, why), require)
     obstacle = cuda_obstacle(tools) or ("" if cpu.build else "the CPU library it extends is not built")

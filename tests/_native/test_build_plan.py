@@ -60,6 +60,29 @@ def test_a_mismatch_says_what_to_install():
     assert "CUDA 12.x toolkit" in reason and "torch built for CUDA 13" in reason
 
 
+@pytest.mark.parametrize("value, default, expected", [
+    (None, False, False), (None, True, True), ("", True, True), (" 1 ", False, True), ("Yes", False, True),
+    ("on", False, True), ("0", True, False), ("false", True, False), ("OFF", True, False), ("no", True, False)])
+def test_switch_values(value, default, expected):
+    environ = {} if value is None else {"APEXLITE_X": value}
+    assert plan.switch_on("APEXLITE_X", default, environ) is expected
+
+
+@pytest.mark.parametrize("name", ["APEXLITE_DISABLE_EXTENSION", "APEXLITE_BUILD_EXTENSION", "APEXLITE_CUDA",
+                                  "APEXLITE_REQUIRE_EXTENSION"])
+def test_a_switch_value_that_is_neither_on_nor_off_is_refused(name, monkeypatch):
+    monkeypatch.setenv(name, "banana")
+    with pytest.raises(ValueError, match=f"{name}='banana' is neither on nor off: set it to 1"):
+        if name == plan.DISABLE_ENV:
+            plan.extension_disabled()
+        else:
+            plan.install_plan(tools())
+
+
+def test_build_switch_off_in_words():
+    assert plan.install_plan(tools(), {"APEXLITE_BUILD_EXTENSION": "off"}).cpu.why_not == "APEXLITE_BUILD_EXTENSION=off"
+
+
 def test_require_is_read_from_the_environment():
     assert plan.install_plan(tools(), {"APEXLITE_REQUIRE_EXTENSION": "1"}).require
     assert not plan.install_plan(tools(), {}).require

@@ -54,11 +54,15 @@ def _user_frames(tb: Optional[TracebackType], origin: Optional[str]) -> Optional
     return tb
 
 
+INTERRUPTED_STATUS = 130  # 128 + SIGINT: what a shell reports for `python SCRIPT` ended by Ctrl-C
+
+
 def _report_exception(error: BaseException, origin: Optional[str]) -> int:
-    """Print the traceback through sys.excepthook (as the interpreter does); exit status 1."""
+    """Print the traceback through sys.excepthook (as the interpreter does); exit status 1, or 130 for a
+    KeyboardInterrupt."""
     tb = _user_frames(error.__traceback__, origin)
     sys.excepthook(type(error), error.with_traceback(tb), tb)
-    return 1
+    return INTERRUPTED_STATUS if isinstance(error, KeyboardInterrupt) else 1
 
 
 def _origin_of_module(name: str) -> Optional[str]:
@@ -149,7 +153,7 @@ def run_script(path: str, args: List[str]) -> int:
         try:
             with GlooRelease.around_script():
                 execute_main(namespace, code)
-        except (SystemExit, KeyboardInterrupt):
+        except SystemExit:
             raise
         except BaseException as error:  # noqa: B902 -- every other error ends the run as in `python SCRIPT`
             return _report_exception(error, namespace["__file__"])
@@ -174,7 +178,7 @@ def run_module(name: str, args: List[str]) -> int:
         try:
             with GlooRelease.around_script():
                 runpy.run_module(name, run_name="__main__", alter_sys=True)
-        except (SystemExit, KeyboardInterrupt):
+        except SystemExit:
             raise
         except ImportError as error:
             if origin is None:

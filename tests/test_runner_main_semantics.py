@@ -5,6 +5,7 @@ __main__ spec, loader and package, the file names in its code and stack), then c
 reads a file beside itself, then may raise: the output and the traceback must match plain python's.
 """
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -37,8 +38,10 @@ PROBE = textwrap.dedent('''
     os.chdir("/")
     seen["beside_after_chdir"] = open(os.path.join(here, "beside.txt")).read() if os.path.isdir(here) else None
     print(json.dumps(seen, sort_keys=True))
-    if "raise" in sys.argv:
+    if "raise" in sys.argv or "interrupt" in sys.argv:
         def inner():
+            if "interrupt" in sys.argv:
+                raise KeyboardInterrupt
             raise ValueError("boom from the probe")
         inner()
 ''')
@@ -115,6 +118,17 @@ def test_tracebacks_name_the_same_files_and_lines(layout, name, args):
     assert _traceback(under_run.stderr) == expected
     assert expected[-1] == "ValueError: boom from the probe"
     assert sum(line.startswith('  File "') for line in expected) == 2  # <module> and inner, nothing of apexlite
+
+
+@pytest.mark.parametrize("name,args", CASES[:1] + CASES[3:4], ids=[CASES[0][0], CASES[3][0]])
+def test_an_interrupt_is_shown_as_python_shows_it(layout, name, args):
+    """Ctrl-C in the script: python's traceback, none of apexlite's frames; python ends itself by SIGINT,
+    which a shell shows as status 130, the status run exits with."""
+    plain, under_run = _both([*args, "interrupt"], layout)
+    assert plain.returncode == -signal.SIGINT and under_run.returncode == 128 + signal.SIGINT
+    expected = _traceback(plain.stderr)
+    assert _traceback(under_run.stderr) == expected
+    assert expected[-1] == "KeyboardInterrupt" and sum(line.startswith('  File "') for line in expected) == 2
 
 
 def test_a_syntax_error_is_shown_as_python_shows_it(tmp_path):

@@ -31,9 +31,15 @@ def scaling_of(skipped_at: Sequence[int], scale_curve: Sequence[Sequence]) -> Sc
     return Scaling(list(skipped_at), [point[1] for point in scale_curve])
 
 
+def _factor(scale: Optional[float]) -> float:
+    """What the loss was multiplied by: an unscaled loss by 1, the same as a scale of 1."""
+    return 1.0 if scale is None else scale
+
+
 def first_scale_difference(original: Scaling, migrated: Scaling) -> Optional[int]:
     """Index of the first loss the two runs multiplied by different scales (over the losses both recorded)."""
-    return next((index for index, (a, b) in enumerate(zip(original.scales, migrated.scales)) if a != b), None)
+    return next((index for index, (a, b) in enumerate(zip(original.scales, migrated.scales))
+                 if _factor(a) != _factor(b)), None)
 
 
 def scaling_differs(original: Scaling, migrated: Scaling) -> bool:

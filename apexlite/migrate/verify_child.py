@@ -216,6 +216,8 @@ def main(argv):
         exit_code = 0
     except SystemExit as error:
         exit_code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
+        if not isinstance(error.code, int) and error.code is not None:
+            print(error.code, file=sys.stderr)  # as python prints sys.exit("message")
     except BaseException:  # the script's own failure: print it as python would, then report
         traceback.print_exc()
         exit_code = 1

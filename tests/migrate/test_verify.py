@@ -50,6 +50,13 @@ def test_compare_without_losses_is_incomplete():
     assert compare([], curve(1.0), 0.05).verdict == INCOMPLETE
 
 
+def test_a_scale_of_one_is_no_scale():
+    """A loss multiplied by 1 is the unscaled loss: not a difference in scaling (with the same skipped steps)."""
+    unscaled, by_one = scaling.Scaling([], [None, None]), scaling.Scaling([], [1.0, 1.0])
+    assert not scaling.scaling_differs(unscaled, by_one)
+    assert scaling.first_scale_difference(unscaled, scaling.Scaling([], [1.0, 2.0])) == 1
+
+
 def test_scaling_difference_is_skipped_steps_or_scales():
     same = scaling.Scaling([3], [65536.0, 32768.0])
     assert not scaling.scaling_differs(same, scaling.Scaling([3], [65536.0, 32768.0]))
@@ -165,6 +172,15 @@ def test_child_counts_plain_optimizer_steps_through_torchs_hook(tmp_path):
     assert report["steps"] == 7
     assert [loss for _, loss in report["loss_curve"]] == pytest.approx(printed_losses(result.stdout), rel=1e-7)
     assert [step for step, _ in report["loss_curve"]] == list(range(1, 8))
+
+
+@pytest.mark.parametrize("code, status, printed", [("'no data in ./data'", 1, "no data in ./data"), ("3", 3, ""),
+                                                   ("None", 0, "")])
+def test_child_exits_as_python_does_on_sys_exit(tmp_path, code, status, printed):
+    """sys.exit("message") prints the message and exits 1, as python does, so the verdict can quote it."""
+    result, report = run_child(tmp_path, f"import sys\nsys.exit({code})\n")
+    assert (result.returncode, report["exit_code"]) == (status, status)
+    assert result.stderr.strip() == printed
 
 
 @pytest.mark.parametrize("module", ["apex", "apex.amp", "amp_C", "apexlite"])

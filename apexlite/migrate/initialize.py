@@ -138,6 +138,9 @@ def _level(plan: Plan, options: MigrateOptions, bound, call: cst.Call, anchor: c
     if value not in OPT_LEVELS:
         plan.todo(call, f"opt_level={value!r} is not an opt level: write one of O0, O1, O2, O3 (the letter O)")
         return None
+    if options.opt_level and options.opt_level != value:
+        plan.notes.append(f"--opt-level {options.opt_level} not used: the script's amp.initialize picks opt_level "
+                          f"{value} itself, which is what was migrated (--opt-level is for a level chosen at run time)")
     return value
 
 
@@ -176,6 +179,10 @@ def _resolved_options(plan: Plan, options: MigrateOptions, bound, call: cst.Call
                 plan.todo(call, f"{name} is chosen at run time (`{code}`{hint}): write the value you train with "
                                 f"as a literal ({name}=...) and run migrate again")
                 value = None
+        elif name == "loss_scale" and options.loss_scale is not None:
+            picked = f"passes loss_scale={value!r}" if node is not None else f"leaves loss_scale to {level}'s default"
+            plan.notes.append(f"--loss-scale {options.loss_scale} not used: the script's amp.initialize {picked}, "
+                              "which is what was migrated (--loss-scale is for a scale chosen at run time)")
         overrides[name] = value
     return overrides
 

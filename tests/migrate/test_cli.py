@@ -157,3 +157,18 @@ def test_without_libcst_migrate_says_how_to_get_it():
 def test_migrate_is_a_listed_command():
     result = subprocess.run([sys.executable, "-m", "apexlite", "--help"], capture_output=True, text=True, timeout=60)
     assert "migrate" in result.stdout and "apexlite[migrate]" in result.stdout
+
+
+def test_options_for_run_time_choices_are_named_when_the_script_chose_literally():
+    """--opt-level/--loss-scale apply only where the script picks the value at run time; given for a script that
+    writes its own, the migration follows the script and the report says the option was not used."""
+    result = run_cli(SCRIPT, "--opt-level", "O2", "--loss-scale", "128")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == EXPECTED
+    report = result.stderr.decode()
+    assert ("--opt-level O2 not used: the script's amp.initialize picks opt_level O1 itself, which is what was "
+            "migrated (--opt-level is for a level chosen at run time)") in report
+    assert ("--loss-scale 128 not used: the script's amp.initialize leaves loss_scale to O1's default, which is what "
+            "was migrated (--loss-scale is for a scale chosen at run time)") in report
+    same = run_cli(SCRIPT, "--opt-level", "O1")
+    assert same.stdout == EXPECTED and b"not used" not in same.stderr

@@ -24,7 +24,7 @@ from apexlite.amp.environment import LOSS_SCALE_ENV, OPT_LEVEL_ENV
 from apexlite.amp.layer_precision import LAYER_DTYPES_ENV
 from apexlite.amp.telemetry import DEFAULT_WARMUP_STEPS, MAX_STEPS_ENV, TELEMETRY_ENV
 from apexlite.child_process import OK, run_child
-from apexlite.migrate import scaling
+from apexlite.migrate import scaling, written_files
 from apexlite.migrate.compare import AGREE, Comparison, compare
 from apexlite.migrate.engine import MigrationResult
 from apexlite.migrate.recipes import AUTOCAST
@@ -183,9 +183,25 @@ def _migrated_file(job: VerifyJob, migrated_path: Optional[str]) -> Iterator[str
 
 
 def _both(job: VerifyJob, path: str, out: TextIO, static_scale: Optional[float] = None) -> Optional[Tuple[Run, Run]]:
-    original, migrated = run_original(job, static_scale), run_migrated(job, path, static_scale)
+    """The original, then the migrated run, each starting from the files that were there before (what the
+    original run creates, a checkpoint say, is removed before the migrated run starts: written_files)."""
+    roots = [os.getcwd(), job.directory]
+    notes, runs = [], []
+    for label, start in (("original", lambda: run_original(job, static_scale)),
+                         ("migrated", lambda: run_migrated(job, path, static_scale))):
+        before = written_files.snapshot(roots)
+        if not before.complete and not runs:
+            out.write(f"verify: note: over {written_files.MAX_FILES:,} files under "
+                      f"{' and '.join(sorted(set(roots)))}: the files each run writes are not watched, so the "
+                      "migrated run may read what the original wrote\n")
+        runs.append(start())
+        written = written_files.written_since(before, roots)
+        written_files.remove_created(written)
+        notes += written_files.describe(label, written, later_run=label == "original")
+    original, migrated = runs
     out.write(f"verify: {_describe(original)}\n")
     out.write(f"verify: {_describe(migrated)}\n")
+    out.writelines(f"verify: note: {note}\n" for note in notes)
     if original.status != OK or migrated.status != OK:
         out.write("verify: FAILED: a run did not finish\n")
         return None

@@ -3,6 +3,7 @@ apex refused), and that a broken migration is caught."""
 import io
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -306,3 +307,48 @@ def test_verify_says_a_migration_that_left_a_training_forward_in_float32_differs
         "verify: verdict: DIFFER (precision): the losses agree, but the migrated script ran 100% of its training "
         "layers in float32, where the original ran 100% of them in low precision: a forward pass is outside "
         "torch.autocast; put it under the autocast region of its loss"), report
+
+
+RESUMING_SCRIPT = """
+import os
+import torch
+from apex import amp
+
+CHECKPOINT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resume.pt")
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = amp.initialize(model, optimizer, opt_level="O1", loss_scale=128.0)
+if os.path.exists(CHECKPOINT):
+    saved = torch.load(CHECKPOINT)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+data = torch.randn(8, 4)
+for step in range(20):
+    loss = model(data).pow(2).mean()
+    print(loss.item())
+    with amp.scale_loss(loss, optimizer) as scaled:
+        scaled.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, CHECKPOINT)
+"""
+
+
+@pytest.mark.slow
+def test_verify_starts_the_migrated_run_without_the_checkpoint_the_original_wrote(tmp_path):
+    """A script that resumes from its own checkpoint: the original run's checkpoint is removed before the
+    migrated run, so both start from scratch (it resumed from trained weights and the losses differed), and
+    verify leaves no checkpoint behind."""
+    script = tmp_path / "resuming.py"
+    script.write_text(RESUMING_SCRIPT)
+    result = migrate_source(script.read_bytes())
+    assert result.exit_status == 0
+    status, report = _verify(script, result, 4)
+    assert status == 0, report
+    assert "verdict: AGREE" in report
+    checkpoint = tmp_path / "resume.pt"
+    assert f"verify: note: the original run created {checkpoint}; removed, so that the next run starts from the same " \
+           "files" in report
+    assert f"verify: note: the migrated run created {checkpoint}; removed, verify leaves nothing behind" in report
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["resuming.py"]

@@ -64,6 +64,7 @@ class VerifyJob:
     max_steps: int
     timeout: float
     tmp: str
+    written: written_files.WrittenFiles
 
     @property
     def directory(self) -> str:
@@ -167,6 +168,14 @@ def _describe(run: Run) -> str:
 
 
 @contextlib.contextmanager
+def _restoring(written: written_files.WrittenFiles) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        written.restore()
+
+
+@contextlib.contextmanager
 def _migrated_file(job: VerifyJob, migrated_path: Optional[str]) -> Iterator[str]:
     """The migrated script on disk: `migrated_path`, else a temporary file next to the original (same
     sys.path[0] and __file__ directory), removed afterwards."""
@@ -183,21 +192,14 @@ def _migrated_file(job: VerifyJob, migrated_path: Optional[str]) -> Iterator[str
 
 
 def _both(job: VerifyJob, path: str, out: TextIO, static_scale: Optional[float] = None) -> Optional[Tuple[Run, Run]]:
-    """The original, then the migrated run, each starting from the files that were there before (what the
-    original run creates, a checkpoint say, is removed before the migrated run starts: written_files)."""
-    roots = [os.getcwd(), job.directory]
+    """The original, then the migrated run, each starting from the files that were there before the
+    verification (what an earlier run created, a checkpoint say, is held aside: written_files)."""
     notes, runs = [], []
     for label, start in (("original", lambda: run_original(job, static_scale)),
                          ("migrated", lambda: run_migrated(job, path, static_scale))):
-        before = written_files.snapshot(roots)
-        if not before.complete and not runs:
-            out.write(f"verify: note: over {written_files.MAX_FILES:,} files under "
-                      f"{' and '.join(sorted(set(roots)))}: the files each run writes are not watched, so the "
-                      "migrated run may read what the original wrote\n")
+        job.written.before_run()
         runs.append(start())
-        written = written_files.written_since(before, roots)
-        written_files.remove_created(written)
-        notes += written_files.describe(label, written, later_run=label == "original")
+        notes += job.written.after_run(label, later_run=label == "original")
     original, migrated = runs
     out.write(f"verify: {_describe(original)}\n")
     out.write(f"verify: {_describe(migrated)}\n")
@@ -217,8 +219,12 @@ def verify_migration(script: str, result: MigrationResult, script_args: List[str
         out.write("verify: skipped: the migration left TODOs or failed; finish it first\n")
         return 1
     with tempfile.TemporaryDirectory(prefix="apexlite-verify-") as tmp:
-        job = VerifyJob(script, result, script_args, max_steps, timeout, tmp)
-        with _migrated_file(job, migrated_path) as path:
+        job = VerifyJob(script, result, script_args, max_steps, timeout, tmp,
+                        written_files.WrittenFiles([os.getcwd(), os.path.dirname(os.path.abspath(script))]))
+        if not job.written.complete:
+            out.write(f"verify: note: over {written_files.MAX_FILES:,} files under {' and '.join(job.written.roots)}: "
+                      "the files each run writes are not watched, so a run may read what an earlier one wrote\n")
+        with _migrated_file(job, migrated_path) as path, _restoring(job.written):
             runs = _both(job, path, out)
             if runs is None:
                 return 1

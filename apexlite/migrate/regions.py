@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
+from apexlite.migrate import local_functions
 from apexlite.migrate.analysis import Analysis
 from apexlite.migrate.edits import Plan
 from apexlite.migrate.reach import argument_for
@@ -51,9 +52,21 @@ class RegionFinder:
     def _is_marker(self, statement: cst.CSTNode) -> bool:
         return id(statement) in self.marked
 
-    def _runs_model(self, statement: cst.CSTNode) -> bool:
-        return bool(self.analysis.dotted_uses(statement) & self.models) or any(
-            self._calls_other(call) for call in self.analysis.walk(statement, cst.Call))
+    def _runs_model(self, statement: cst.CSTNode, seen: Tuple[int, ...] = ()) -> bool:
+        """Whether running `statement` runs a model's forward: directly, or in a helper of this file it calls
+        (`loss = compute_loss(batch)`). A `def` or `class` runs nothing by being defined."""
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            return False
+        if self.analysis.dotted_uses(statement) & self.models:
+            return True
+        for call in self.analysis.walk(statement, cst.Call):
+            if self._calls_other(call):
+                return True
+            helper = local_functions.called_function(self.analysis, call)
+            if helper is not None and id(helper) not in seen and len(seen) < 8 and \
+                    any(self._runs_model(inner, (*seen, id(helper))) for inner in helper.body.body):
+                return True
+        return False
 
     def _calls_other(self, call: cst.Call) -> bool:
         return bool(self.others) and self.analysis.code(call.func) in self.others
@@ -165,8 +178,20 @@ class RegionFinder:
             for statement in list(region.block.body)[region.start:region.end + 1]:
                 covered.update(id(node) for node in self.analysis.walk(statement, cst.CSTNode))
         return [call for call in self.analysis.nodes(cst.Call)
-                if id(call) not in covered and (self.analysis.code(call.func) in self.models or self._calls_other(call))
-                and not any(id(a) in self.markers or self._sets_precision(a) for a in self.analysis.ancestors(call))]
+                if (self.analysis.code(call.func) in self.models or self._calls_other(call))
+                and not self._runs_covered(call, covered, ())]
+
+    def _runs_covered(self, node: cst.CSTNode, covered: Set[int], seen: Tuple[int, ...]) -> bool:
+        """Whether `node` runs under a region, a marker or the script's own precision: itself, or the helper
+        holding it, when migrate sees every call of that helper and each one runs so."""
+        if id(node) in covered or any(id(a) in self.markers or self._sets_precision(a)
+                                      for a in self.analysis.ancestors(node)):
+            return True
+        helper = self.analysis.enclosing_scope_owner(node)
+        if not isinstance(helper, cst.FunctionDef) or id(helper) in seen or len(seen) >= 8:
+            return False
+        calls = local_functions.calls_of(self.analysis, helper)
+        return bool(calls) and all(self._runs_covered(call, covered, (*seen, id(helper))) for call in calls)
 
     def _sets_precision(self, node: cst.CSTNode) -> bool:
         """A `with` that already decides the precision inside it (amp.disable_casts(), the script's own autocast)."""

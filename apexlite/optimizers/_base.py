@@ -63,6 +63,21 @@ class ApexStyleOptimizer(torch.optim.Optimizer):
     (`copy.deepcopy`, pickle) keep its own attributes: torch's keep only defaults, state and param_groups."""
 
     set_grad_none: bool = True
+    float32_state: bool = False  # every floating state tensor is float32, whatever the param's dtype
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """torch's load, except that an optimizer with ``float32_state`` keeps its state in float32: torch casts
+        state to each param's dtype, which for a float16 param turns an Adagrad sum of squares into inf."""
+        super().load_state_dict(state_dict)
+        if not self.float32_state:
+            return
+        ids = [pid for group in state_dict["param_groups"] for pid in group["params"]]
+        by_id = dict(zip(ids, (p for group in self.param_groups for p in group["params"])))
+        for pid, saved in state_dict["state"].items():
+            param = by_id.get(pid)
+            for key, value in saved.items() if param is not None else ():
+                if key != "step" and torch.is_tensor(value) and value.is_floating_point():
+                    self.state[param][key] = value.to(device=param.device, dtype=torch.float32, copy=True)
 
     def __getstate__(self) -> Dict[str, Any]:
         own = {key: value for key, value in self.__dict__.items()

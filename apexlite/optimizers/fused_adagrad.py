@@ -18,6 +18,8 @@ class FusedAdagrad(ApexStyleOptimizer):
     kept it in the param's dtype, where fp16 sums of squares overflow).
     """
 
+    float32_state = True
+
     def __init__(self, params: Iterable[Any], lr: float = 1e-2, eps: float = 1e-10, weight_decay: float = 0.0,
                  set_grad_none: bool = True, adagrad_w_mode: bool = False) -> None:
         if lr < 0.0:

@@ -27,6 +27,8 @@ class FusedLAMB(ApexStyleOptimizer):
     update direction afterwards), and the moments are fp32 for fp16/bf16 params.
     """
 
+    float32_state = True
+
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
                  amsgrad: bool = False, adam_w_mode: bool = True, grad_averaging: bool = True,

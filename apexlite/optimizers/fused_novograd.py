@@ -23,6 +23,8 @@ class FusedNovoGrad(ApexStyleOptimizer):
     bfloat16 params share the first slot with fp16 ones (apex rejected bfloat16).
     """
 
+    float32_state = True
+
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  amsgrad: bool = False, reg_inside_moment: bool = False, grad_averaging: bool = True,

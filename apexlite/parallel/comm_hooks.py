@@ -25,7 +25,7 @@ class ReduceConfig:
 
     reduce_dtype: dtype on the wire, or None for the bucket's own dtype.
     gradient_predivide_factor: divide by this before the sum (None: by the world size).
-    gradient_average: False sums the gradients instead of averaging them.
+    gradient_average: False sums the gradients instead of averaging them (divided by a given predivide factor).
     process_group: the DDP group (None: the world).
     """
 
@@ -35,9 +35,10 @@ class ReduceConfig:
     process_group: Optional[Any] = None
 
     def factors(self) -> Tuple[float, float]:
-        """(divide before the sum, multiply after it)."""
+        """(divide before the sum, multiply after it). A sum (gradient_average=False) is still divided by a
+        given predivide factor, as apex divided it."""
         if not self.gradient_average:
-            return 1.0, 1.0
+            return float(self.gradient_predivide_factor or 1.0), 1.0
         world = dist.get_world_size(self.process_group)
         pre = float(world if self.gradient_predivide_factor is None else self.gradient_predivide_factor)
         return pre, pre / world

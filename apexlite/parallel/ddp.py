@@ -54,7 +54,8 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
             None keeps each bucket's dtype (fp32 under O0/O1, fp16/bf16 under O2/O3).
         gradient_predivide_factor (default None = world size): divide by this before the sum and by
             world_size / factor after it. The default divides fully before the sum (overflow-safe).
-        gradient_average (default True): False sums gradients instead of averaging.
+        gradient_average (default True): False sums gradients instead of averaging (a given
+            gradient_predivide_factor still divides the sum, as in apex).
         broadcast_masters (default True): broadcast O2 fp32 masters from rank 0 after DDP's own
             parameter broadcast.
     """

@@ -43,6 +43,7 @@ def comm_dtypes(rank: int, world: int) -> dict:
     out.update(_fused_adam_runs(rank, world))
     out["predivide"] = _predivide_probe(rank)
     out["apex-args"] = _apex_args_probe(rank, world)
+    out["sums"] = _sum_probe()
     return out
 
 
@@ -99,6 +100,18 @@ def _predivide_probe(rank: int) -> Dict[str, torch.Tensor]:
         ddp = DistributedDataParallel(_Scale(dtype), reduce_dtype=torch.float16, gradient_predivide_factor=factor)
         ddp(torch.full((1,), 40000.0, dtype=dtype)).float().sum().backward()
         out[name] = ddp.module.weight.grad.detach().float().clone()
+    return out
+
+
+def _sum_probe() -> Dict[str, float]:
+    """gradient_average=False with and without a predivide factor, each rank's grad 1.0 (apex divided a sum
+    by the factor too)."""
+    out = {}
+    for name, kwargs in (("sum", {}), ("sum-predivided-4", dict(gradient_predivide_factor=4.0))):
+        for make in (ddp_from_apex_args, DistributedDataParallel):
+            ddp = make(_Scale(torch.float32), gradient_average=False, **kwargs)
+            ddp(torch.ones(1)).sum().backward()
+            out[f"{name} {make.__name__}"] = ddp.module.weight.grad.item()
     return out
 
 

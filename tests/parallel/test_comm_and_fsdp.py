@@ -61,6 +61,14 @@ def test_predivision_keeps_fp16_sums_finite(comm):
     assert math.isinf(probe["fp16-post"].item())
 
 
+def test_a_sum_is_still_predivided(comm):
+    """gradient_average=False sums; a predivide factor still divides the sum, as apex did (2 ranks, grads 1.0)."""
+    for rank in comm:
+        assert rank["sums"] == {"sum ddp_from_apex_args": 2.0, "sum DistributedDataParallel": 2.0,
+                                "sum-predivided-4 ddp_from_apex_args": 0.5,
+                                "sum-predivided-4 DistributedDataParallel": 0.5}
+
+
 def test_apex_arguments_map_onto_ddp(comm):
     probes = [r["apex-args"] for r in comm]
     assert probes[0]["reduce_dtype"] is torch.float32

@@ -5,6 +5,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from apexlite._logging import get_logger
 from apexlite.optimizers import multi_tensor
 from apexlite.optimizers._base import ApexStyleOptimizer, check_hyper
 from apexlite.optimizers._lamb_rule import lamb_update
@@ -12,13 +13,16 @@ from apexlite.optimizers._lamb_rule import lamb_update
 _SUPPORTED = (torch.float16, torch.float32, torch.bfloat16)
 
 
+_log = get_logger("optimizers")
+
+
 class FusedLAMB(ApexStyleOptimizer):
     """LAMB with apex's constructor and update rule (fp32 math and state; params may be fp16/bf16).
 
     The rule is :mod:`apexlite.optimizers._lamb_rule` (apex's multi_tensor_lamb, also behind
     ``self.multi_tensor_lamb``): the L2 norm G of all gradients (over every group) is computed
-    (``self.multi_tensor_l2norm``); when ``max_grad_norm > 0`` and G exceeds it, gradients are
-    divided by G / max_grad_norm. Then per param, with c1 = 1 - beta1^t and c2 = 1 - beta2^t (1
+    (``self.multi_tensor_l2norm``); when ``max_grad_norm > 0`` (the constructor's, for every group, as in
+    apex) and G exceeds it, gradients are divided by G / max_grad_norm. Then per param, with c1 = 1 - beta1^t and c2 = 1 - beta2^t (1
     without bias_correction) and beta3 = 1 - beta1 when grad_averaging else 1:
     L2 mode (adam_w_mode=False): g += wd*p before the moments; m = beta1*m + beta3*g;
     v = beta2*v + (1-beta2)*g^2; u = (m/c1) / (sqrt(v/c2) + eps), plus wd*p in AdamW mode.
@@ -45,6 +49,17 @@ class FusedLAMB(ApexStyleOptimizer):
         self._make_overflow_buf()
         self.multi_tensor_l2norm = multi_tensor.multi_tensor_l2norm
         self.multi_tensor_lamb = multi_tensor.multi_tensor_lamb
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """torch's, with a word for a group that sets its own max_grad_norm: all groups' gradients are clipped
+        together, at ``defaults["max_grad_norm"]`` (as apex read it), so a group's own value is not used."""
+        given = param_group.get("max_grad_norm", self.defaults["max_grad_norm"])
+        if given != self.defaults["max_grad_norm"]:
+            _log.warning("%s: param group %d sets max_grad_norm=%r, which is not used: the gradients of all groups "
+                         "are clipped together at the constructor's max_grad_norm=%r (optimizer.defaults"
+                         "['max_grad_norm']), as in apex", type(self).__name__, len(self.param_groups), given,
+                         self.defaults["max_grad_norm"])
+        super().add_param_group(param_group)
 
     def _params_with_grads(self, group: Dict[str, Any]) -> List[torch.Tensor]:
         params = [p for p in group["params"] if p.grad is not None]
@@ -81,5 +96,5 @@ class FusedLAMB(ApexStyleOptimizer):
                         eps=group["eps"], step=group["step"], bias_correction=group["bias_correction"],
                         weight_decay=group["weight_decay"], grad_averaging=group["grad_averaging"],
                         adam_w_mode=bool(self.adam_w_mode), global_grad_norm=global_norm,
-                        max_grad_norm=group["max_grad_norm"], use_nvlamb=self.use_nvlamb)
+                        max_grad_norm=self.defaults["max_grad_norm"], use_nvlamb=self.use_nvlamb)
         return loss

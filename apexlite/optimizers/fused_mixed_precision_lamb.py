@@ -175,5 +175,5 @@ class FusedMixedPrecisionLamb(FusedLAMB):
                     beta1=beta1, beta2=beta2, eps=group["eps"], step=group["step"],
                     bias_correction=group["bias_correction"], weight_decay=group["weight_decay"],
                     grad_averaging=group["grad_averaging"], adam_w_mode=bool(self.adam_w_mode),
-                    global_grad_norm=global_norm, max_grad_norm=group["max_grad_norm"],
+                    global_grad_norm=global_norm, max_grad_norm=self.defaults["max_grad_norm"],
                     use_nvlamb=self.use_nvlamb)

@@ -188,3 +188,23 @@ def test_fused_adam_is_apexlite_fused_adam():
 
     assert issubclass(optimizers.FusedAdam, FusedAdam)
     assert type(optimizers.FusedAdam(_params())).__mro__[1] is FusedAdam
+
+
+@pytest.mark.parametrize("name", ["FusedLAMB", "FusedMixedPrecisionLamb"])
+def test_fused_lamb_clips_every_group_at_the_constructors_max_grad_norm(name, caplog):
+    """apex read max_grad_norm from the defaults for all groups (one global norm): a group's own value is not
+    used, and is warned about."""
+    cls = getattr(optimizers, name)
+    params, ref_params = _params(), _params()
+    given = cls([{"params": params[:1]}, {"params": params[1:], "max_grad_norm": 1000.0}], lr=0.01,
+                weight_decay=0.5, adam_w_mode=False, max_grad_norm=0.5)
+    assert "param group 1 sets max_grad_norm=1000.0, which is not used" in caplog.text
+    plain = cls([{"params": ref_params[:1]}, {"params": ref_params[1:]}], lr=0.01, weight_decay=0.5,
+                adam_w_mode=False, max_grad_norm=0.5)
+    for step in range(3):
+        for p, q, g in zip(params, ref_params, _grads(step, params)):
+            p.grad, q.grad = g.clone(), g.clone()
+        given.step()
+        plain.step()
+    for a, b in zip(params, ref_params):
+        assert torch.equal(a, b)

@@ -63,6 +63,22 @@ def load_group_count(group: Dict[str, Any], state: Dict[torch.Tensor, Dict[str, 
         group["step"] = group_step
 
 
+class ParamGroup(dict):
+    """A FusedAdam param group whose ``group["step"]`` reads the group's step count (an int, as apex kept it
+    there), though the count lives in the params' counters: the most steps any of its params took, or the
+    steps the group took while none has a counter. ``"step" in group`` and ``group.get("step")`` still see
+    only a stored key. It reads the optimizer's current ``state``, which the flat buffers replace."""
+
+    def __init__(self, group: Dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+        super().__init__(group)
+        self._optimizer = optimizer
+
+    def __missing__(self, key: str) -> int:
+        if key != "step":
+            raise KeyError(key)
+        return int(group_count(self, self._optimizer.state))
+
+
 class GroupStart:
     """The count a param starting its state in one step() takes under the group rule (read once, lazily)."""
 

@@ -14,7 +14,8 @@ from apexlite.optimizers._adam_step import (IMPLEMENTATIONS, bump_versions, flag
                                             fused_adam_flat_step, fused_adam_step, resolve)
 from apexlite.optimizers._flat_buffers import FlatBuffers
 from apexlite.optimizers._grad_writeback import check_grads_writable
-from apexlite.optimizers._group_steps import GroupStart, check_step_count, load_group_count, save_group_count
+from apexlite.optimizers._group_steps import (
+    GroupStart, ParamGroup, check_step_count, load_group_count, save_group_count)
 from apexlite.optimizers._torch_fused import Workspace, foreach_copy
 
 _LEGACY_STEP_ARGS = ("grads", "output_params", "scale", "grad_norms")
@@ -124,7 +125,7 @@ class FusedAdam(ApexStyleOptimizer):
         params = param_group["params"]
         if not isinstance(params, (torch.Tensor, set)):  # (torch refuses a set itself)
             param_group = {**param_group, "params": adam_state.listed_once(list(params))}
-        super().add_param_group(param_group)
+        super().add_param_group(ParamGroup(param_group, self))
 
     def enable_master_weights(self, initial_masters: Optional[Mapping[torch.Tensor, torch.Tensor]] = None) -> None:
         """Switches master weights on for an optimizer whose params are (now) fp16/bf16.
@@ -180,6 +181,7 @@ class FusedAdam(ApexStyleOptimizer):
             _log.info("FusedAdam.load_state_dict: the checkpoint holds fp32 master weights (amp O2 or "
                       "master_weights=True) for %d float32 params (amp O0/O1); each param took its master's "
                       "values and keeps no separate master", handed_over)
+        self.param_groups[:] = [ParamGroup(group, self) for group in self.param_groups]
         for group in self.param_groups:
             for key, default in self.defaults.items():  # torch checkpoints lack FusedAdam's own keys
                 group.setdefault(key, default)

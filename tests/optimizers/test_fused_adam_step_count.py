@@ -4,6 +4,8 @@ get grads on some steps only. When every param has a grad every step both agree 
 (test_fused_adam_parity.py)."""
 from __future__ import annotations
 
+import copy
+import io
 from typing import Dict, List, Sequence
 
 import pytest
@@ -150,6 +152,35 @@ def test_a_step_found_inf_skips_advances_no_counter(flat_buffers):
     opt.step()
     assert [float(opt.state[p]["step"]) for p in params[:2]] == [2.0, 2.0]
     assert opt.state_dict()["param_groups"][1]["step"] == 2
+
+
+@pytest.mark.parametrize("flat_buffers", [True, False], ids=["flat", "per-tensor"])
+def test_a_groups_step_reads_its_count_as_apex_kept_it(flat_buffers):
+    """``param_groups[i]["step"]`` is the group's count, an int, as apex's FusedAdam kept it (logging and
+    warm-up code read it): through idle params, a group frozen at first, copies, pickles and a load."""
+    steady, sometimes, frozen = (torch.nn.Parameter(torch.ones(2)) for _ in range(3))
+    opt = FusedAdam([{"params": [steady, sometimes]}, {"params": [frozen]}], lr=0.1, flat_buffers=flat_buffers)
+    assert [group["step"] for group in opt.param_groups] == [0, 0]
+    for step in range(1, 4):
+        steady.grad, sometimes.grad = torch.ones(2), (torch.ones(2) if step == 1 else None)
+        opt.step()
+    assert [group["step"] for group in opt.param_groups] == [3, 3]
+    assert type(opt.param_groups[0]["step"]) is int and "step" not in opt.param_groups[0]
+    copied = copy.deepcopy(opt)
+    buffer = io.BytesIO()
+    torch.save(opt, buffer)
+    buffer.seek(0)
+    unpickled = torch.load(buffer, weights_only=False)
+    loaded = FusedAdam([{"params": [steady, sometimes]}, {"params": [frozen]}], lr=0.1, flat_buffers=flat_buffers)
+    loaded.load_state_dict(opt.state_dict())
+    for other in (copied, unpickled, loaded):
+        assert [group["step"] for group in other.param_groups] == [3, 3]
+    steady.grad = torch.ones(2)
+    copied.step()
+    assert [group["step"] for group in copied.param_groups] == [4, 4]
+    assert [group["step"] for group in opt.param_groups] == [3, 3]
+    with pytest.raises(KeyError, match="not_a_key"):
+        opt.param_groups[0]["not_a_key"]
 
 
 def test_an_unknown_step_count_is_refused_with_the_choices():

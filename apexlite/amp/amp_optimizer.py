@@ -17,6 +17,7 @@ from apexlite.amp.errors import AmpStateError, AmpUsageError
 from apexlite.amp.plain_grads import PlainGrads
 from apexlite.amp.optimizer_step import OneShotSkip, bind_amp_step, replaces_step
 from apexlite.amp.scaler import SCALE_FLOOR, LossScaler
+from apexlite.amp.stash_lists import ApexStashLists
 
 if TYPE_CHECKING:
     from apexlite.amp.grad_strategy import GradStrategy
@@ -30,7 +31,7 @@ FLOOR_OVERFLOW_MESSAGE = ("Gradient overflow.  Skipping step, loss scaler {} is 
                           "scale: overflows there come from inf/NaN that no scale fixes)")
 
 
-class AmpOptimizer:
+class AmpOptimizer(ApexStashLists):
     """What apexlite knows about one optimizer passed to `initialize`."""
 
     def __init__(self, optimizer: Any, session: Any, grads: "GradStrategy") -> None:
@@ -40,6 +41,7 @@ class AmpOptimizer:
         self.params_have_scaled_gradients = False
         self.lazy_init_called = True  # masters are built eagerly; kept for code that reads the flag
         self._pending_skip: Optional[Tuple[int, LossScaler]] = None
+        self._deferred_check: Optional[Tuple[int, LossScaler]] = None  # scale_loss(delay_overflow_check=True)
         self._skip = OneShotSkip(optimizer)
         self._original_step: Optional[Callable[..., Any]] = None  # set where amp replaces the step
         self._hooked_depth = 0  # nesting of hooked steps (a subclass's step calling its base's step)
@@ -109,6 +111,25 @@ class AmpOptimizer:
             self._pending_skip = (loss_id, scaler)
             self._skip.install()
 
+    def defer_overflow_check(self, loss_id: int, scaler: LossScaler) -> None:
+        """scale_loss(delay_overflow_check=True): the script's `update_scale()` decides; the next step goes
+        through amp's step, which checks then if the script did not."""
+        self._deferred_check = (loss_id, scaler)
+        self._skip.install()
+
+    def _settle_deferred_check(self) -> None:
+        if self._deferred_check is None:
+            return
+        loss_id, scaler = self._deferred_check
+        self._deferred_check = None
+        if scaler.overflow_check_pending and scaler.update_scale():
+            self.session.info("amp.scale_loss(..., delay_overflow_check=True) overflowed and no update_scale() was called "
+                     "before optimizer.step(): apexlite checked the overflow itself and skips this step (apex "
+                     "would have stepped on the inf/NaN grads)")
+            self._pending_skip = (loss_id, scaler)
+        elif self._pending_skip is None:
+            self._skip.remove()
+
     # --- the step ------------------------------------------------------------------------------
     def _check_step_call(self, closure: Any) -> None:
         if closure is not None:
@@ -127,6 +148,7 @@ class AmpOptimizer:
     def step_call(self, closure: Any, args: tuple, kwargs: dict) -> Any:
         """`optimizer.step(...)` where amp bound its step (see optimizer_step.amp_step)."""
         self._check_step_call(closure)
+        self._settle_deferred_check()
         if self._pending_skip is not None:
             return self._skip_step()
         if self.replaced_step:
@@ -220,7 +242,7 @@ class AmpOptimizer:
 
     def detach(self) -> None:
         """Session teardown: forget pending state and a pending skip; the grad strategy restores what it changed."""
-        self._pending_skip = None
+        self._pending_skip = self._deferred_check = None
         self._skip.remove()
         self.params_have_scaled_gradients = False
         self.grads.detach()

@@ -30,8 +30,9 @@ def scale_loss(loss: torch.Tensor, optimizers: Any, loss_id: int = 0, model: Any
     for inf/NaN in one device-side pass; an overflow skips the next `step()` of every optimizer
     given here and lowers the dynamic scale. `delay_unscale=True` leaves grads scaled for gradient
     accumulation; the last block of the accumulation must use the default `delay_unscale=False`.
-    `model` is accepted for apex compatibility and unused; so is `delay_overflow_check`: the check is
-    one device-side pass and always runs, so no inf/NaN step can reach the weights.
+    `model` is accepted for apex compatibility and unused. `delay_overflow_check=True` leaves the scale
+    and the skip to the script's own `update_scale()` (NVIDIA's BERT checks its all-reduced grads there),
+    as apex did; a step reached without that call is checked then, so no inf/NaN step reaches the weights.
     If the block raises, its gradients are unscaled (or dropped if they overflowed), the scaler is
     left as it was, and the exception propagates.
     """
@@ -46,14 +47,16 @@ def scale_loss(loss: torch.Tensor, optimizers: Any, loss_id: int = 0, model: Any
         )
     amp_optimizers = [session.amp_optimizer(opt) for opt in _as_optimizer_list(optimizers)]
     with scaled_backward(session, loss, amp_optimizers, session.loss_scalers[loss_id], loss_id,
-                         delay_unscale) as scaled:
+                         delay_unscale, delay_overflow_check=delay_overflow_check) as scaled:
         yield scaled
 
 
 @contextlib.contextmanager
 def scaled_backward(session: AmpSession, loss: torch.Tensor, amp_optimizers: List[Any], scaler: LossScaler,
-                    loss_id: int, delay_unscale: bool, as_float: bool = True) -> Iterator[torch.Tensor]:
-    """The body of every scale_loss (`amp.scale_loss`, the handle's and OptimWrapper's)."""
+                    loss_id: int, delay_unscale: bool, as_float: bool = True,
+                    delay_overflow_check: bool = False) -> Iterator[torch.Tensor]:
+    """The body of every scale_loss (`amp.scale_loss`, the handle's and OptimWrapper's). With
+    `delay_overflow_check`, the overflow flags gather until `scaler.update_scale()` reads them."""
     session.stats.record_loss(loss, scaler.loss_scale())
     # The forward is over: the graph keeps the casts it saved, and the cache letting go of them now
     # lets backward free each one as soon as its node has run (as torch.autocast's cache does).
@@ -80,11 +83,15 @@ def scaled_backward(session: AmpSession, loss: torch.Tensor, amp_optimizers: Lis
             session.end_iteration()
         raise
     try:
-        if not delay_unscale:
+        if not delay_unscale and not scaler.overflow_check_pending:
             scaler.clear_overflow_state()
         for amp_optimizer in amp_optimizers:
             amp_optimizer.post_backward(scaler, delay_unscale)
-        if not delay_unscale:
+        if not delay_unscale and delay_overflow_check:
+            scaler.overflow_check_pending = True
+            for amp_optimizer in amp_optimizers:
+                amp_optimizer.defer_overflow_check(loss_id, scaler)
+        elif not delay_unscale:
             if scaler.update_scale():
                 for amp_optimizer in amp_optimizers:
                     amp_optimizer.skip_next_step(loss_id, scaler)

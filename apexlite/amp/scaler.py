@@ -60,6 +60,9 @@ class LossScaler:
         self._max_loss_scale = max_loss_scale
         self._found_inf: Dict[torch.device, torch.Tensor] = {}
         self._has_overflow = False
+        # apex's int32 overflow flag: scripts swap their own in before calling update_scale (NVIDIA's BERT)
+        self._overflow_buf = torch.zeros(1, dtype=torch.int32)
+        self.overflow_check_pending = False  # a scale_loss(delay_overflow_check=True) left the check to update_scale
         self._nonfinite_losses = 0  # consecutive overflow steps whose loss itself was inf/NaN
         self._static_overflows = 0  # consecutive overflows at a static scale
         self.nonfinite_loss_limit = 0  # set by the session; 0 = never stop the run
@@ -78,6 +81,7 @@ class LossScaler:
         self._has_overflow = False
         for flag in self._found_inf.values():
             flag.zero_()
+        self._overflow_buf.zero_()
 
     def unscale(self, grads: Iterable[torch.Tensor]) -> None:
         """Unscale `grads` in place, accumulating the device-side overflow flag."""
@@ -100,13 +104,17 @@ class LossScaler:
             self.overflow_sync(self._found_inf)
         if not self._has_overflow and self._found_inf:
             self._has_overflow = any(bool(flag.item()) for flag in self._found_inf.values())
+        if not self._has_overflow and bool(self._overflow_buf.any()):
+            self._has_overflow = True
         return self._has_overflow
 
     def update_scale(self) -> bool:
         """Advance the schedule after a `scale_loss` exit; returns True when the step must be skipped.
 
-        A static scaler keeps its scale, but still skips a step whose gradients overflowed.
+        A static scaler keeps its scale, but still skips a step whose gradients overflowed. The overflow is
+        what the last unscale found or what ``_overflow_buf`` (apex's flag, which a script may swap) holds.
         """
+        self.overflow_check_pending = False
         overflow = self.has_overflow() if self.checks_overflow else False
         if self.dynamic:
             self._loss_scale, self._unskipped = next_scale(

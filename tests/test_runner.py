@@ -190,3 +190,15 @@ def test_a_double_dash_before_the_script_is_taken_as_python_takes_it(tmp_path):
     result = apexlite_run("--", str(script), "--flag", "x", cwd=tmp_path)
     assert result.returncode == 0 and result.stdout.strip() == "['--flag', 'x']", result.stderr
     assert apexlite_run("--", cwd=tmp_path).returncode == 2
+
+
+def test_dash_m_runs_apexs_launcher_as_apexlite_has_it(tmp_path):
+    """`run -m apex.parallel.multiproc main.py` (old launch lines): apexlite's module runs and says what to use
+    instead; it failed inside runpy (the alias loader had no code to give)."""
+    result = apexlite_run("-m", "apex.parallel.multiproc", "main.py", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "apex.parallel.multiproc is not supported by apexlite. Launch with `torchrun --nproc-per-node=N -m apexlite "
+        "run main.py ...` (each process reads RANK/WORLD_SIZE/LOCAL_RANK from the environment) instead of "
+        "`python -m apex.parallel.multiproc`.")
+    assert "Traceback" not in result.stderr

@@ -69,6 +69,14 @@ class _AliasLoader(importlib.abc.Loader):
         if self.original_spec is not None:
             module.__spec__ = self.original_spec
 
+    def get_code(self, fullname: str) -> Optional[types.CodeType]:
+        """The apexlite module's code, for `python -m apex.x` (runpy runs a module from its loader's code)."""
+        loader = getattr(self.original_spec, "loader", None)
+        if loader is None or not hasattr(loader, "get_code"):
+            raise ImportError(f"{fullname} is apexlite's {getattr(self.module, '__name__', '?')}, which cannot be "
+                              "run as a script")
+        return loader.get_code(self.original_spec.name)
+
 
 class _RefusingLoader(importlib.abc.Loader):
     """Loads nothing: executing the module raises the ImportError apexlite gives for a refused apex module."""

@@ -16,5 +16,5 @@ def main() -> None:
 
 __getattr__ = generic.fallback_getattr(__name__)
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m apex.parallel.multiproc ...` (under `apexlite run` or the alias)
+    raise SystemExit(unsupported_message("apex.parallel.multiproc", ADVICE))

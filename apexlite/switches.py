@@ -26,7 +26,8 @@ SWITCHES: Tuple[Switch, ...] = (
            "(logged when it applies); the script's options that level refuses (keep_batchnorm_fp32 at O1, say) "
            "are left out, logged", "run time"),
     Switch("APEXLITE_DTYPE", "float16|bfloat16", "the low-precision dtype of every opt level, overriding the "
-           "script's (logged when it applies)", "run time"),
+           "script's (logged when it applies); with bfloat16 the levels' default loss scale is 1.0, which skips no "
+           "inf/NaN step (add APEXLITE_LOSS_SCALE=dynamic to keep the check)", "run time"),
     Switch("APEXLITE_LOSS_SCALE", "N|dynamic", "replaces the script's loss scale for every loss", "run time"),
     Switch("APEXLITE_MAX_STEPS", "N", "ends the script cleanly (exit status 0, one log line) after N step() calls "
            "of amp's optimizers, skipped overflow steps included", "run time"),

@@ -58,6 +58,10 @@ def apply_environment(opt_level: Any, dtype: Any, enabled: bool = True) -> Tuple
         parsed = parse_dtype(env_dtype, DTYPE_ENV)
         if enabled:
             log.info("%s=%s selects the low-precision dtype %s", DTYPE_ENV, env_dtype, parsed)
+            if parsed is torch.bfloat16 and not os.environ.get(LOSS_SCALE_ENV):
+                log.info("%s=%s: the opt levels' default loss scale is then 1.0 (bfloat16 has float32's range), "
+                         "which checks nothing, so a step with inf/NaN grads is no longer skipped; %s=dynamic keeps "
+                         "the check", DTYPE_ENV, env_dtype, LOSS_SCALE_ENV)
         return opt_level, parsed
     return opt_level, parse_dtype(torch.float16 if dtype is None else dtype)
 

@@ -152,6 +152,10 @@ def test_environment_overrides_level_and_dtype(monkeypatch, caplog):
     assert current_session().properties.opt_level == "O2"
     assert model[0].weight.dtype is torch.bfloat16
     assert "APEXLITE_OPT_LEVEL=O2" in caplog.text
+    # the level's default scale becomes 1.0, which checks nothing: said, with how to keep the check
+    assert current_session().properties.loss_scale == 1.0
+    assert ("a step with inf/NaN grads is no longer skipped; APEXLITE_LOSS_SCALE=dynamic keeps the check"
+            in caplog.text)
 
 
 @pytest.mark.parametrize("option", ["keep_batchnorm_fp32", "master_weights"])

@@ -75,6 +75,13 @@ def check_models(models: List[Any]) -> None:
             raise AmpUsageError(f"the same {type(model).__name__} appears twice in the models passed to "
                                 "amp.initialize; pass each model once.")
         seen.add(id(model))
+        meta = next((name for name, tensor in [*model.named_parameters(), *model.named_buffers()]
+                     if tensor.is_meta), None)
+        if meta is not None:
+            raise AmpUsageError(f"{type(model).__name__}'s {meta} is on the meta device (shapes without values): "
+                                "amp.initialize would build casts and fp32 masters from no weights. Materialise the "
+                                "model first (model.to_empty(device=...) and load or initialise its weights), then "
+                                "call amp.initialize.")
 
 
 def check_models_not_recast(models: List[torch.nn.Module], registered: List[torch.nn.Module],

@@ -260,6 +260,16 @@ def test_float64_model_is_refused_by_casting_levels(opt_level):
     assert model.weight.dtype is torch.float64
 
 
+@pytest.mark.parametrize("opt_level", ["O0", "O1", "O2", "O3"])
+def test_a_model_on_the_meta_device_is_refused_with_how_to_materialise_it(opt_level):
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.BatchNorm1d(2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(AmpUsageError, match=r"0.weight is on the meta device \(shapes without values\).*to_empty"):
+        amp.initialize(model, opt, opt_level=opt_level, verbosity=0)
+    assert current_session(required=False) is None and model[0].weight.is_meta
+
+
 def test_float64_model_is_left_alone_by_o1():
     model = torch.nn.Linear(4, 2).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -106,9 +106,11 @@ def member(legacy_module: str, attr: str) -> Any:
     row = tree.row(name)
     if row is not None and row.is_module:
         try:
-            return load(name)
+            module = load(name)
         except ImportError as error:
             raise AttributeError(f"module {legacy_module!r} has no attribute {attr!r} ({error})") from None
+        _publish_alias(legacy_module, name, module)
+        return module
     if row is None or not row.bound:  # not apex's, or not bound when apex imported the module
         raise AttributeError(f"module {legacy_module!r} has no attribute {attr!r}")
     if row.same_as:
@@ -122,6 +124,18 @@ def member(legacy_module: str, attr: str) -> Any:
     if row.kind == "function":
         return unsupported(name, advice(note))
     return unsupported_object(name, advice(note))
+
+
+def _publish_alias(parent: str, name: str, module: types.ModuleType) -> None:
+    """A submodule reached as an attribute (`apex.transformer`, which apex's __init__ imported) is in
+    sys.modules under apex's name too, as in apex, when the active alias hook serves its parent."""
+    if sys.modules.get(parent) is not sys.modules.get(compat_name(parent)):
+        return
+    for finder in sys.meta_path:
+        publish = getattr(finder, "publish_alias", None)
+        if callable(publish):
+            publish(name, module)
+            return
 
 
 def resolve(legacy_name: str) -> Any:

@@ -112,6 +112,12 @@ class ApexAliasFinder(importlib.abc.MetaPathFinder):
                 sys.modules[alias] = module
                 self.aliases.append(alias)
 
+    def publish_alias(self, alias: str, module: types.ModuleType) -> None:
+        """`alias` names `module` in sys.modules until the hook is removed (a submodule reached as an attribute)."""
+        if alias not in sys.modules:
+            sys.modules[alias] = module
+            self.aliases.append(alias)
+
     def find_spec(self, name: str, path=None, target=None) -> Optional[importlib.machinery.ModuleSpec]:
         if name in _REFUSED:
             return self._refused_extension(name, path, target)

@@ -93,6 +93,23 @@ def test_refused_module_message_names_what_is_missing_and_the_alternative():
     assert "torch.nn.functional.cross_entropy" in message and "label_smoothing" in message
 
 
+def test_a_submodule_reached_as_an_attribute_is_in_sys_modules_in_a_fresh_interpreter():
+    """apex's __init__ imported apex.transformer; apexlite loads it on attribute access and names it in
+    sys.modules then (it did not, so the test below passed only after another test had imported it)."""
+    code = textwrap.dedent("""
+        import sys
+        from apexlite.compat import apex_aliases
+        with apex_aliases():
+            import apex
+            transformer = apex.transformer
+            assert sys.modules["apex.transformer"] is transformer
+        assert "apex.transformer" not in sys.modules
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
 def test_placeholder_modules_are_reachable_as_apex_had_them():
     with apex_aliases():
         import apex

@@ -224,10 +224,52 @@ def settle_weight_decay_modes(groups: List[Dict[str, Any]], built_modes: List[bo
 
 
 def refuse_maximize(groups: Iterable[Dict[str, Any]], where: str) -> None:
-    """torch's `maximize=True` (gradient ascent), which FusedAdam does not implement: never ignored."""
-    if any(group.get("maximize") for group in groups):
-        raise RuntimeError(f"{where} has maximize=True (torch's gradient ascent), which FusedAdam does not "
-                           "implement; use torch.optim.Adam/AdamW(maximize=True), or negate the loss.")
+    """torch's `maximize=True` (gradient ascent) and `amsgrad=True`, which FusedAdam does not implement, set on
+    a group: never ignored."""
+    for group in groups:
+        if group.get("maximize"):
+            raise RuntimeError(f"{where} has maximize=True (torch's gradient ascent), which FusedAdam does not "
+                               "implement; use torch.optim.Adam/AdamW(maximize=True), or negate the loss.")
+        if group.get("amsgrad"):
+            raise RuntimeError(f"{where} has amsgrad=True, which FusedAdam does not implement (it would train "
+                               "plain Adam); use torch.optim.Adam/AdamW(amsgrad=True).")
+
+
+def listed_once_across(groups: List[Dict[str, Any]]) -> None:
+    """Every param of every group listed once (a group's list edited after it was added is checked here)."""
+    seen: Dict[int, int] = {}
+    for number, group in enumerate(groups):
+        for param in group["params"]:
+            if id(param) in seen:
+                where = "twice in param group" if seen[id(param)] == number else \
+                    f"in param groups {seen[id(param)]} and"
+                raise ValueError(f"a param (shape {tuple(param.shape)}) is listed {where} {number}; FusedAdam "
+                                 "would update it twice in one step. List each param once.")
+            seen[id(param)] = number
+
+
+def refuse_meta(params: Iterable[torch.Tensor]) -> None:
+    for param in params:
+        if isinstance(param, torch.Tensor) and param.is_meta:
+            raise ValueError(f"a param of shape {tuple(param.shape)} is on the meta device (a shape without "
+                             "values), which FusedAdam cannot step; materialise the model first "
+                             "(model.to_empty(device=...) and load or initialise its weights).")
+
+
+def fit_state(param: torch.Tensor, state: dict, moment_dtype: torch.dtype) -> None:
+    """State a user replaced since the last step (a float64 moment, another memory layout, an int64 or
+    shaped step) put back where the kernel wants it, values kept; a few reads when nothing changed."""
+    step, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
+    if step.dtype is torch.float32 and exp_avg.dtype is moment_dtype and exp_avg_sq.dtype is moment_dtype \
+            and not step.dim() and "master_param" not in state:
+        strides = param.stride()
+        if exp_avg.stride() == strides and exp_avg_sq.stride() == strides:
+            return
+    target = state.get("master_param", param)
+    if any(state[key].dtype != moment_dtype or state[key].device != target.device for key in MOMENT_KEYS):
+        for key in MOMENT_KEYS:
+            state[key] = state[key].to(device=target.device, dtype=moment_dtype)
+    prepare_state(param, state)
 
 
 def listed_once(params: List[Any]) -> List[Any]:

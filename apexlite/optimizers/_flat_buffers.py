@@ -229,6 +229,10 @@ class FlatBuffers:
                 waiting.append(param)
                 continue
             joining.append((param, grad.dtype))
+        tied = _sharing_memory([param for param, _ in joining])
+        if tied:  # (tied mid-run with `b.data = a.data`): a buffer would give each its own copy
+            outsiders += [param for param, _ in joining if id(param) in tied]
+            joining = [(param, dtype) for param, dtype in joining if id(param) not in tied]
         if give_counter is not None:
             for param, _ in joining:
                 give_counter(param, state[param])
@@ -304,6 +308,20 @@ def _outdated(layout: GroupLayout) -> bool:
             if bool(low != high):
                 return True
     return not layout.sets and any(p.grad is not None for p in layout.waiting)
+
+
+def _sharing_memory(params: List[torch.Tensor]) -> Set[int]:
+    """The ids of the params whose memory overlaps another's: they keep stepping where they are, as torch steps
+    them, instead of each getting a slot of its own."""
+    spans = sorted((p.data_ptr(), p.data_ptr() + p.numel() * p.element_size(), id(p)) for p in params)
+    tied: Set[int] = set()
+    reach, holder = -1, 0
+    for start, stop, key in spans:
+        if start < reach:
+            tied.update((key, holder))
+        if stop > reach:
+            reach, holder = stop, key
+    return tied
 
 
 def _fits_a_build(param: torch.Tensor, grad: torch.Tensor, masters_own: bool) -> bool:

@@ -14,7 +14,7 @@ When every param has a grad on every step the two rules agree bit for bit.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -67,11 +67,15 @@ class ParamGroup(dict):
     """A FusedAdam param group whose ``group["step"]`` reads the group's step count (an int, as apex kept it
     there), though the count lives in the params' counters: the most steps any of its params took, or the
     steps the group took while none has a counter. ``"step" in group`` and ``group.get("step")`` still see
-    only a stored key. It reads the optimizer's current ``state``, which the flat buffers replace."""
+    only a stored key. It reads the optimizer's current ``state``, which the flat buffers replace. A copy or
+    pickle of it is a plain dict (never a copy of the optimizer); the optimizer's own copies wrap theirs again."""
 
     def __init__(self, group: Dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
         super().__init__(group)
         self._optimizer = optimizer
+
+    def __reduce__(self) -> Tuple[type, Tuple[Dict[str, Any]]]:
+        return dict, (dict(self),)
 
     def __missing__(self, key: str) -> int:
         if key != "step":

@@ -103,13 +103,14 @@ class FusedAdam(ApexStyleOptimizer):
         self.multi_tensor_adam_capturable_master = multi_tensor.multi_tensor_adam_capturable_master
 
     def _caches(self) -> Tuple[str, ...]:
-        return ("_workspace", "_flat")
+        return ("_workspace", "_flat", "_listing")
 
     def _make_caches(self) -> None:
         """The torch fused path's scratch, reused between steps, and the flat buffers (a copy builds its own
         from its params at its first step)."""
         self._workspace = Workspace()
         self._flat = FlatBuffers(enabled=self.flat_buffers)
+        self._listing: Tuple[Tuple[int, int], ...] = ()  # the groups' lists at the last duplicate check
 
     @property
     def param_groups_master(self) -> List[Dict[str, List[Optional[torch.Tensor]]]]:
@@ -125,6 +126,7 @@ class FusedAdam(ApexStyleOptimizer):
         params = param_group["params"]
         if not isinstance(params, (torch.Tensor, set)):  # (torch refuses a set itself)
             param_group = {**param_group, "params": adam_state.listed_once(list(params))}
+            adam_state.refuse_meta(param_group["params"])
         super().add_param_group(ParamGroup(param_group, self))
 
     def enable_master_weights(self, initial_masters: Optional[Mapping[torch.Tensor, torch.Tensor]] = None) -> None:
@@ -181,12 +183,16 @@ class FusedAdam(ApexStyleOptimizer):
             _log.info("FusedAdam.load_state_dict: the checkpoint holds fp32 master weights (amp O2 or "
                       "master_weights=True) for %d float32 params (amp O0/O1); each param took its master's "
                       "values and keeps no separate master", handed_over)
-        self.param_groups[:] = [ParamGroup(group, self) for group in self.param_groups]
         for group in self.param_groups:
             for key, default in self.defaults.items():  # torch checkpoints lack FusedAdam's own keys
                 group.setdefault(key, default)
             if self._steps_itself():  # a subclass with its own step() (e.g. fairseq's) reads apex's group["step"]
                 load_group_count(group, self.state)
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        """torch's (a copy, an unpickle, and load_state_dict all come here), with the groups as ParamGroups."""
+        super().__setstate__(state)
+        self.param_groups[:] = [ParamGroup(group, self) for group in self.param_groups]
 
     @torch._disable_dynamo
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
@@ -205,6 +211,11 @@ class FusedAdam(ApexStyleOptimizer):
         if legacy:
             self._reject_legacy_arguments(legacy)
         adam_state.refuse_maximize(self.param_groups, "a param group")
+        listing = tuple((id(group["params"]), len(group["params"])) for group in self.param_groups)
+        if listing != self._listing:  # a group's list was edited (or replaced) since the last step
+            adam_state.listed_once_across(self.param_groups)
+            adam_state.refuse_meta(p for group in self.param_groups for p in group["params"])
+            self._listing = listing
         loss = self._closure_loss(closure)
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
@@ -301,6 +312,7 @@ class FusedAdam(ApexStyleOptimizer):
             if start is not None:
                 start.give_counter(param, state)
             adam_state.init_state(param, state, self.master_weights, self.exp_avg_dtype)
+            adam_state.fit_state(param, state, self.exp_avg_dtype)
             adam_state.add_to_bucket(buckets, param, grad, state, unscaled)
         return buckets
 

@@ -4,6 +4,8 @@ implement (torch's maximize) or must refuse before it changes anything (a bad ad
 torch.optim.Adam on the same params and grads."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -127,3 +129,102 @@ def test_a_refused_add_param_group_adds_nothing():
     assert len(optimizer.param_groups) == 1
     optimizer.add_param_group({"params": [second], "lr": 1e-3})  # the corrected group goes in
     assert [group["lr"] for group in optimizer.param_groups] == [1e-2, 1e-3]
+
+
+@pytest.mark.parametrize("where", ["same group", "another group"])
+@pytest.mark.parametrize("flat_buffers", FLAT)
+def test_a_param_listed_twice_by_editing_a_group_is_refused_at_the_step(where, flat_buffers):
+    """group['params'] edited after the group was added: refused before anything changes (the flat path
+    counted it wrongly and the per-tensor path updated it twice at once)."""
+    shared, other = torch.nn.Parameter(torch.randn(4)), torch.nn.Parameter(torch.randn(3))
+    optimizer = FusedAdam([{"params": [shared]}, {"params": [other]}], flat_buffers=flat_buffers)
+    shared.grad, other.grad = torch.ones(4), torch.ones(3)
+    optimizer.step()
+    optimizer.param_groups[0 if where == "same group" else 1]["params"].append(shared)
+    before = [shared.detach().clone(), other.detach().clone()]
+    expected = "twice in param group 0" if where == "same group" else "in param groups 0 and 1"
+    with pytest.raises(ValueError, match=f"a param \\(shape \\(4,\\)\\) is listed {expected}"):
+        optimizer.step()
+    assert torch.equal(shared, before[0]) and torch.equal(other, before[1])
+
+
+def test_amsgrad_set_on_a_group_is_refused_at_the_step():
+    """The constructor refuses amsgrad; a group given it later trained plain Adam without a word."""
+    params = [torch.nn.Parameter(torch.randn(3))]
+    optimizer = FusedAdam(params)
+    optimizer.add_param_group({"params": [torch.nn.Parameter(torch.randn(2))], "amsgrad": True})
+    params[0].grad = torch.ones(3)
+    with pytest.raises(RuntimeError, match="a param group has amsgrad=True, which FusedAdam does not implement"):
+        optimizer.step()
+
+
+def test_params_on_the_meta_device_are_refused_with_how_to_materialise_them():
+    with torch.device("meta"):
+        layer = torch.nn.Linear(4, 4)
+    with pytest.raises(ValueError, match=r"shape \(4, 4\) is on the meta device .*to_empty"):
+        FusedAdam(layer.parameters())
+
+
+@pytest.mark.parametrize("flat_buffers", FLAT)
+def test_a_param_given_another_memory_layout_after_steps_trains_on(flat_buffers):
+    """model.to(memory_format=torch.channels_last) after the first step: the state follows the new layout
+    (the kernel refused the step: 'exp_avgs[0] has strides ... but params[0] has ...')."""
+    make = lambda: [torch.nn.Parameter(torch.randn(3, 3, 3, 3)), torch.nn.Parameter(torch.randn(3))]  # noqa: E731
+    ours, opt, theirs, reference = _pair(flat_buffers, make)
+    for step in range(5):
+        if step == 2:
+            for param in (ours[0], theirs[0]):
+                param.data = param.data.contiguous(memory_format=torch.channels_last)
+        grads = [g.contiguous(memory_format=torch.channels_last) if g.dim() == 4 and step >= 2 else g
+                 for g in _grads(ours, step)]
+        _step(ours, opt, grads)
+        _step(theirs, reference, grads)
+    for mine, torchs in zip(ours, theirs):
+        torch.testing.assert_close(mine, torchs, rtol=0, atol=1e-6)
+    assert ours[0].is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("flat_buffers", FLAT)
+@pytest.mark.parametrize("edit", ["float64 exp_avg_sq", "column-major exp_avg", "int64 step", "shaped step"])
+def test_state_entries_replaced_by_the_user_are_taken_as_torch_takes_them(edit, flat_buffers):
+    """A state entry replaced by hand (its values kept, another dtype or layout) trains on as with torch."""
+    make = lambda: [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(5))]  # noqa: E731
+    ours, opt, theirs, reference = _pair(flat_buffers, make)
+    for step in range(5):
+        if step == 2:
+            for optimizer, param in ((opt, ours[0]), (reference, theirs[0])):
+                state = optimizer.state[param]
+                if edit == "float64 exp_avg_sq":
+                    state["exp_avg_sq"] = state["exp_avg_sq"].double()
+                elif edit == "column-major exp_avg":
+                    state["exp_avg"] = state["exp_avg"].t().contiguous().t()
+                elif optimizer is opt:  # (torch keeps its own step format; the count is what matters)
+                    count = int(state["step"])
+                    state["step"] = torch.tensor(count) if edit == "int64 step" else torch.tensor([float(count)])
+        grads = _grads(ours, step)
+        _step(ours, opt, grads)
+        _step(theirs, reference, grads)
+    for mine, torchs in zip(ours, theirs):
+        torch.testing.assert_close(mine, torchs, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("tie_at", [0, 2])
+@pytest.mark.parametrize("flat_buffers", FLAT)
+def test_weights_tied_through_data_train_as_torchs_loop_adam_trains_them(tie_at, flat_buffers):
+    """`b.weight.data = a.weight.data` (old-style tying), before the first step or mid-run: both params step
+    the one memory, one after the other, as torch's for-loop Adam does. A flat-buffer rebuild gave each its own
+    copy again (0.027 apart after 3 steps), and one kernel call over both raced with itself."""
+    torch.manual_seed(0)
+    first = torch.nn.Sequential(torch.nn.Linear(6, 6, bias=False), torch.nn.Tanh(), torch.nn.Linear(6, 6, bias=False))
+    second = copy.deepcopy(first)
+    ours = FusedAdam(first.parameters(), lr=1e-2, flat_buffers=flat_buffers)
+    theirs = torch.optim.AdamW(second.parameters(), lr=1e-2, weight_decay=0.0, foreach=False)
+    for step in range(6):
+        for model, optimizer in ((first, ours), (second, theirs)):
+            if step == tie_at:
+                model[2].weight.data = model[0].weight.data
+            optimizer.zero_grad()
+            model(torch.randn(3, 6, generator=torch.Generator().manual_seed(step))).square().mean().backward()
+            optimizer.step()
+        torch.testing.assert_close(first[0].weight, second[0].weight, rtol=0, atol=1e-6)
+    assert first[0].weight.data_ptr() == first[2].weight.data_ptr()

@@ -244,5 +244,6 @@ def _summary(setup: AmpSetup, planner: ScaleLossPlanner) -> str:
         return (f"amp.initialize (opt_level {setup.level}) ran only when `{setup.enabled}`: it became {what}, "
                 "on every path, enabled by that flag")
     if setup.enabled and (scalers or setup.recipe == AUTOCAST):
-        return f"amp.initialize (opt_level {setup.level}) became {what}, enabled when `{setup.enabled}` (its enabled=)"
+        source = f"its opt_level is {setup.level} then, O0 otherwise" if setup.level_switched else "its enabled="
+        return f"amp.initialize (opt_level {setup.level}) became {what}, enabled when `{setup.enabled}` ({source})"
     return f"amp.initialize (opt_level {setup.level}) became {what}"

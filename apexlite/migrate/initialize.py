@@ -23,6 +23,7 @@ from apexlite.migrate.class_ties import HomeClass, home_class
 from apexlite.migrate.device import CPU, CUDA, RUNTIME, built_here
 from apexlite.migrate.edits import Plan
 from apexlite.migrate.guards import Guard, check_guard, enabled_code, model_touched_before, read_guard
+from apexlite.migrate.level_switch import o0_switch
 from apexlite.migrate.options import O2_APEXLITE, MigrateOptions
 from apexlite.migrate.recipes import AUTOCAST, KEEP, NONE, O2_KEPT_REASON, Kept, choose_recipe
 from apexlite.migrate.values import NOT_LITERAL, argparse_default, bind, elements, literal
@@ -64,6 +65,7 @@ class AmpSetup:
     scaler_names: List[str] = field(default_factory=list)  # the GradScalers the migration made
     kept_reason: str = ""  # KEEP: what torch has no recipe for
     home_class: Optional[HomeClass] = None  # amp.initialize on `self.` attributes in a method (class_ties.py)
+    level_switched: bool = False  # `enabled` is the flag that switches opt_level between `level` and O0
 
     @property
     def scaled(self) -> bool:
@@ -210,8 +212,10 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
     uses = analysis.uses_of(apis.INITIALIZE)
     if len(uses) > 1:
         for use in uses:
-            plan.todo(use.node, f"amp.initialize is called {len(uses)} times; migrate rewrites scripts with one "
-                                "call: keep apexlite's amp (`from apexlite import amp`) or migrate by hand")
+            plan.todo(use.node, f"amp.initialize has {len(uses)} call sites; migrate rewrites scripts with one: "
+                                "make it one call (options chosen in the branches, say, then one amp.initialize "
+                                "after them) and run migrate again, keep apexlite's amp (`from apexlite import "
+                                "amp`), or migrate by hand")
         return None
     if not uses:
         return None
@@ -243,15 +247,25 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
             if name == "max_loss_scale" and literal(analysis, bound.value(name)) == 2.0 ** 24:
                 continue
             plan.todo(call, f"{name} has no native equivalent: {why}")
-    level = _level(plan, options, bound, call, anchor)
+    switch = o0_switch(analysis, bound.value("opt_level"))
+    level = switch[0] if switch is not None else _level(plan, options, bound, call, anchor)
     if level is None:
         return None
+    if switch is not None and options.opt_level and options.opt_level != level:
+        plan.notes.append(f"--opt-level {options.opt_level} not used: the script's opt_level is {level} when "
+                          f"`{analysis.code(switch[1]).strip()}`, else O0, which is what was migrated")
     model_targets, optimizer_targets = targets
     if level == "O2" and options.o2 == O2_APEXLITE:  # amp stays; apexlite resolves the options at run time
         return AmpSetup(use, call, small, bound.value("models"), bound.value("optimizers"), list(model_targets),
                         list(optimizer_targets), KEEP, level, "float16", "dynamic", 1, None, guard=guard,
                         anchor=anchor, kept_reason=O2_KEPT_REASON)
     enabled_node = bound.value("enabled")
+    if switch is not None:
+        if enabled_node is not None:
+            plan.todo(call, f"opt_level is {level} when `{analysis.code(switch[1]).strip()}` and O0 otherwise, and "
+                            "enabled= is given too: combine them into one flag and run migrate again")
+            return None
+        enabled_node = switch[1]  # O0 is plain fp32: the flag turns mixed precision on, as enabled= would
     enabled = literal(analysis, enabled_node)
     flag_node = enabled_node if enabled is NOT_LITERAL else None
     overrides = _resolved_options(plan, options, bound, call, level, anchor)
@@ -287,7 +301,8 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
                      list(optimizer_targets), recipe, level,
                      "bfloat16" if recipe == AUTOCAST and properties.master_weights else dtype, loss_scale,
                      num_losses, enabled_code(analysis, guard.conditions, flag_node), guard=guard, anchor=anchor,
-                     flags=flags, home_class=home_class(analysis, call, list(optimizer_targets)))
+                     flags=flags, home_class=home_class(analysis, call, list(optimizer_targets)),
+                     level_switched=switch is not None)
     _choose_device(plan, setup, device)
     if setup.device == RUNTIME and guard.conditions and model_touched_before(analysis, guard, setup.call,
                                                                               setup.models):

@@ -54,6 +54,7 @@ class Plan:
     needs_torch: bool = False
     flags: Dict[str, str] = field(default_factory=dict)  # migrate options a rerun needs: "--opt-level" -> "O1"
     merged_edits: bool = False  # a child plan's edits were kept (the amp part changed this file)
+    keeps_apex_ddp: bool = False  # O2's amp may stay (kept, or not migrated): apex's DDP -> ddp_from_apex_args
 
     # --- recording -----------------------------------------------------------------------------------
     def todo(self, node: cst.CSTNode, message: str) -> None:

@@ -32,6 +32,7 @@ from apexlite.migrate.applier import Applier
 from apexlite.migrate.device import CPU, CUDA, RUNTIME, detect
 from apexlite.migrate.edits import TODO_PREFIX, Plan, Todo, wrapped_comment
 from apexlite.migrate.imports import ImportPlanner, with_imports
+from apexlite.migrate.level_switch import may_run_o2
 from apexlite.migrate.leftovers import plan_leftovers
 from apexlite.migrate.initialize import AmpSetup
 from apexlite.migrate.recipes import KEEP
@@ -126,8 +127,10 @@ def _plan(parsed, group: _Group, options: MigrateOptions, refused_amp: Optional[
     setup = plan_amp_files(plans, group.home, options, _device(involved), refused_amp, resolve,
                            _shown(group.keys), group.elsewhere)
     for key in group.keys:
-        keep_amp = (setup is not None and setup.recipe == KEEP) or _imports_apexlite_amp(parsed[key][1])
-        plan_replacements(plans[key], detect(parsed[key][1]), keep_amp=keep_amp)
+        analysis = parsed[key][1]
+        keep_amp = (setup is not None and setup.recipe == KEEP) or _imports_apexlite_amp(analysis)
+        plans[key].keeps_apex_ddp = keep_amp or (setup is None and may_run_o2(analysis, options.opt_level))
+        plan_replacements(plans[key], detect(analysis), keep_amp=plans[key].keeps_apex_ddp)
         plan_leftovers(plans[key])
     return plans, setup
 
@@ -162,7 +165,8 @@ def _apply(wrapper: MetadataWrapper, plan: Plan, setup: Optional[AmpSetup]) -> A
     usage = usage_of(first)
     if usage is None:  # the rewrite does not compile: the soundness check refuses it, imports or not
         return Applied(first, first)
-    imports = ImportPlanner(plan.analysis, setup is not None and setup.recipe == KEEP, usage).plan_all(plan.needs_torch)
+    imports = ImportPlanner(plan.analysis, setup is not None and setup.recipe == KEEP, usage,
+                            keep_ddp=plan.keeps_apex_ddp).plan_all(plan.needs_torch)
     if not imports.has_edits:
         return Applied(first, first)
     return Applied(first, wrapper.visit(Applier(with_imports(plan, imports))).bytes)

@@ -36,10 +36,11 @@ def _alias_name(alias: cst.ImportAlias) -> str:
 class ImportPlanner:
     """Plans the import edits, on the original tree, for the rewritten code whose Usage is given."""
 
-    def __init__(self, analysis: Analysis, keep_amp: bool, usage: Usage) -> None:
+    def __init__(self, analysis: Analysis, keep_amp: bool, usage: Usage, keep_ddp: Optional[bool] = None) -> None:
         self.analysis = analysis
         self.plan = Plan(analysis)
         self.keep_amp = keep_amp
+        self.keep_ddp = keep_amp if keep_ddp is None else keep_ddp  # apex's DDP -> ddp_from_apex_args
         self.usage = usage
         nodes = list(analysis.nodes((cst.Import, cst.ImportFrom)))
         matched = len(nodes) == len(usage.imports) and all(
@@ -99,7 +100,7 @@ class ImportPlanner:
             elif self.keep_amp and module == apis.AMP_MODULE and _alias_name(alias) in apis.apexlite_amp_names():
                 moved.append(f"from apexlite.amp import {text}")
                 changed = True
-            elif self.keep_amp and apis.canonical(name) == apis.APEX_DDP:  # see replacements.plan_replacements
+            elif self.keep_ddp and apis.canonical(name) == apis.APEX_DDP:  # see replacements.plan_replacements
                 bound = alias.asname.name.value if alias.asname is not None else _alias_name(alias)
                 moved.append(f"from apexlite.parallel import ddp_from_apex_args as {bound}")
                 changed = True

@@ -204,9 +204,10 @@ def plan_replacements(plan: Plan, device: str, keep_amp: bool = False) -> None:
         plan.handle(use.node)
         if keep_amp and use.api == apis.APEX_DDP:
             if not isinstance(use.node, cst.Name) or use.star:
-                plan.todo(use.node, "O2 stays on apexlite: build this DDP with apexlite.parallel.ddp_from_apex_args "
-                                    "(apex's arguments), which broadcasts rank 0's fp32 master weights with its "
-                                    "weights; torch's DDP would leave each rank the masters of its own weights")
+                plan.todo(use.node, "amp may run O2 here and stays on amp's API: build this DDP with "
+                                    "apexlite.parallel.ddp_from_apex_args (apex's arguments), which broadcasts rank "
+                                    "0's fp32 master weights with its weights; torch's DDP would leave each rank the "
+                                    "masters of its own weights")
             continue
         call = analysis.call_of(use)
         target = rule.target if rule is not None else "x.item()"

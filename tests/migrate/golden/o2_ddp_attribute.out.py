@@ -12,7 +12,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 # apexlite migrate: amp stays on apexlite: O2's fp32 master weights have no torch.amp recipe;
 #     --o2=bf16-autocast moves it to native bf16 autocast instead
 model, optimizer = amp.initialize(model, optimizer, opt_level="O2", loss_scale=128.0)
-# TODO(apexlite migrate): O2 stays on apexlite: build this DDP with
+# TODO(apexlite migrate): amp may run O2 here and stays on amp's API: build this DDP with
 #     apexlite.parallel.ddp_from_apex_args (apex's arguments), which broadcasts rank 0's fp32 master
 #     weights with its weights; torch's DDP would leave each rank the masters of its own weights
 model = apex.parallel.DistributedDataParallel(model, delay_allreduce=True)

@@ -131,7 +131,7 @@ class RegionFinder:
         block = self.analysis.block_of(loss_statement)
         body = list(block.body)
         end = body.index(loss_statement)
-        depends = self.analysis.loaded_names(loss_statement)
+        depends = self._reads(loss_statement)
         starts = [end] if self._runs_model(loss_statement) else []
         earlier: List[int] = []  # forwards the loss depends on that run before an earlier backward or step
         after_earlier_backward = False
@@ -142,7 +142,7 @@ class RegionFinder:
                 continue
             assigned = self.analysis.assigned_names(statement)
             if assigned & depends:
-                depends |= self.analysis.loaded_names(statement)
+                depends |= self._reads(statement)
                 if not self._runs_model(statement):
                     continue
                 if not after_earlier_backward:
@@ -162,6 +162,14 @@ class RegionFinder:
         for index in earlier:  # a GAN's generator output, made before the discriminator's backward
             self._add(Region(block, index, index), scaled)
         return True
+
+    def _reads(self, statement: cst.CSTNode) -> Set[str]:
+        """The names `statement` reads, with the targets of its augmented assignments (`loss /= steps` reads
+        the loss it divides)."""
+        names = self.analysis.loaded_names(statement)
+        for augmented in self.analysis.walk(statement, cst.AugAssign):
+            names |= {name.value for name in self.analysis.walk(augmented.target, cst.Name)}
+        return names
 
     def _add(self, region: Region, scaled: cst.BaseStatement) -> None:
         for existing in self.regions:

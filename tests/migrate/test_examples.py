@@ -35,10 +35,12 @@ LOSS_PATTERN = {"dcgan_amp.py": r"Loss_D: ([\d.]+)"}
 IDS = [f"{name[:-3]}-{'-'.join(options).replace('--', '')}" for name, options, *_ in CASES]
 
 
-def migrate(*args):
+def migrate(*args, cwd=ROOT):
+    """`--verify` watches the files written under its folder (migrate/written_files.py): tests that verify run
+    from their own tmp_path, so files other tests write into the checkout meanwhile are not held aside."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("APEXLITE_")}
     return subprocess.run([sys.executable, "-m", "apexlite", "migrate", *map(str, args)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=TIMEOUT_S, env=env)
+                          text=True, cwd=cwd, timeout=TIMEOUT_S, env=env)
 
 
 def run_isolated(script, *args, env=None):
@@ -50,7 +52,8 @@ def run_isolated(script, *args, env=None):
 def test_migrated_example_trains_like_the_original_and_runs_on_torch_alone(tmp_path, name, options, script_args,
                                                                            steps, needs_apexlite):
     out = tmp_path / name
-    result = migrate(EXAMPLES / name, *options, "-o", out, "--verify", "--max-steps", steps, "--", *script_args)
+    result = migrate(EXAMPLES / name, *options, "-o", out, "--verify", "--max-steps", steps, "--", *script_args,
+                     cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     outcome = "kept on apexlite, not migrated to native torch.amp" if needs_apexlite else "migrated completely"
     assert outcome in result.stdout and "check: no apex APIs used" in result.stdout

@@ -77,6 +77,6 @@ def test_verify_agrees_with_the_flag_on_and_off(tmp_path, flag):
     out = tmp_path / SCRIPT.name
     ran = subprocess.run([sys.executable, "-m", "apexlite", "migrate", str(SCRIPT), "-o", str(out), "--verify",
                           "--max-steps", "4", "--", "--fp16-run", flag, "--steps", str(STEPS)],
-                         capture_output=True, text=True, cwd=ROOT, timeout=TIMEOUT_S, env=env)
+                         capture_output=True, text=True, cwd=tmp_path, timeout=TIMEOUT_S, env=env)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     assert "verdict: AGREE" in ran.stdout, ran.stdout[-3000:]

@@ -257,7 +257,8 @@ def test_exit_statuses_are_documented_in_help(capsys):
 
 
 @pytest.mark.slow
-def test_verify_in_place_runs_the_original_before_it_is_overwritten(tmp_path, capsys):
+def test_verify_in_place_runs_the_original_before_it_is_overwritten(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # verify watches the current folder's files: not the checkout's
     script = tmp_path / "accumulate.py"
     script.write_bytes((ROOT / "examples" / "grad_accumulation_amp.py").read_bytes())
     status = cli.main([str(script), "--opt-level", "O1", "--in-place", "--verify", "--max-steps", "3", "--",

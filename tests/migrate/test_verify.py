@@ -201,6 +201,13 @@ def test_child_may_allow_apexlite_for_o2_kept_on_it(tmp_path):
     assert report["refused_imports"] == []
 
 
+@pytest.fixture(autouse=True)
+def _own_folder(tmp_path, monkeypatch):
+    """verify watches the files written under the current folder: run from the test's own, so files other
+    tests write into the checkout meanwhile are not held aside (migrate/written_files.py)."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _verify(source_path, result, max_steps, *script_args):
     out = io.StringIO()
     status = verify_migration(str(source_path), result, list(script_args), max_steps, 300.0, 0.05, MigrateOptions(),
@@ -348,9 +355,9 @@ def test_verify_starts_the_migrated_run_without_the_checkpoint_the_original_wrot
     status, report = _verify(script, result, 4)
     assert status == 0, report
     assert "verdict: AGREE" in report
-    checkpoint = tmp_path / "resume.pt"
+    checkpoint = "resume.pt"  # (named from the current folder, the test's own)
     assert f"verify: note: the original run created {checkpoint}; held aside while the next run ran, so that it " \
            "started from the same files" in report
     assert f"verify: note: the migrated run created {checkpoint}\n" in report
     assert sorted(path.name for path in tmp_path.iterdir()) == ["resume.pt", "resuming.py"]
-    assert len(torch.load(checkpoint)["model"]) == 2
+    assert len(torch.load(tmp_path / checkpoint)["model"]) == 2

@@ -11,8 +11,9 @@ script's own "step on the last micro-batch". The autocast regions are found here
 """
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import libcst as cst
 
@@ -225,10 +226,14 @@ class ScaleLossPlanner:
         outside = finder.forwards_outside()
         setup = self.setup
         flag = f", enabled={setup.enabled}" if setup.enabled else ""
+        header = f"torch.autocast(device_type={setup.device_expr}, dtype=torch.{setup.dtype}{flag})"
         for call in outside:
+            missing = _undefined_at(unit.analysis, call, header)
+            passing = (f" ({', '.join(f'`{name}`' for name in missing)} {'is' if len(missing) == 1 else 'are'} not "
+                       f"defined here: pass {'it' if len(missing) == 1 else 'them'} in)") if missing else ""
             unit.plan.comment(call, f"`{unit.analysis.code(call.func)}(...)` here runs in float32 now (apex's "
                                     f"{setup.level} ran every forward in low precision); for that, run it under `with "
-                                    f"torch.autocast(device_type={setup.device_expr}, dtype=torch.{setup.dtype}{flag}):`")
+                                    f"{header}:`{passing}")
         if outside:
             lines = ", ".join(str(unit.analysis.line(call)) for call in outside)
             unit.plan.notes.append(f"{len(outside)} forward pass(es) outside the training step (line {lines}: "
@@ -273,6 +278,27 @@ def _callers_in(unit: Unit):
 
 def _parenthesised(node: cst.BaseExpression, code: str) -> str:
     return code if isinstance(node, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)) else f"({code})"
+
+
+def _undefined_at(analysis: Any, node: cst.CSTNode, code: str) -> List[str]:
+    """The names `code` reads (besides builtins) that no scope visible at `node` defines."""
+    scope = analysis.scope(node)
+    expression = cst.parse_expression(code)
+    keywords = {id(arg.keyword) for arg in _walk(expression, cst.Arg) if arg.keyword is not None}
+    attributes = {id(attr.attr) for attr in _walk(expression, cst.Attribute)}
+    names = dict.fromkeys(name.value for name in _walk(expression, cst.Name)
+                          if id(name) not in keywords and id(name) not in attributes)
+    return [name for name in names if name not in vars(builtins) and scope is not None and name not in scope]
+
+
+def _walk(node: cst.CSTNode, kind: type) -> List[Any]:
+    found, stack = [], [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, kind):
+            found.append(current)
+        stack.extend(current.children)
+    return found
 
 
 def autocast_header(setup: AmpSetup, enabled: Optional[str]):

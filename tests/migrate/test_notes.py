@@ -219,7 +219,8 @@ CLAIMS = [
      r"\((.+)\); every call migrate saw passes (?:it|them)", _takes),
     (r"amp\.load_state_dict\(\.\.\.\) removed: nothing is loss-scaled any more", _load_removed),
     (r"`([\w.]+)\(\.\.\.\)` here runs in float32 now \(apex's O[1-3] ran every forward in low precision\); for "
-     r"that, run it under `with torch\.autocast\(.+\):`", _forward_in_fp32),
+     r"that, run it under `with torch\.autocast\(.+\):`(?: \((?:`\w+`(?:, )?)+ (?:is|are) not defined here: pass "
+     r"(?:it|them) in\))?", _forward_in_fp32),
     (r"checkpoints written before the migration hold apex's scaler state .+", _checkpoint),
     (r"`([\w.]+)\.step\(\)` runs before any scaled backward, so it stays a plain step \((\w+)\.step would "
      r"refuse it: nothing was scaled yet\)", _early_step),

@@ -171,10 +171,25 @@ def _plan_other(unit: Unit, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
             plan.replace_expression(call, lambda _: expression(code))
             plan.needs_torch = True
             continue
-        hint = NATIVE_HINTS.get(use.api, "it is amp's own machinery: write what it did with torch.autocast and the "
-                                         "torch.amp.GradScaler (scaler.get_scale(), scaler.unscale_(optimizer), "
-                                         "...), or keep apexlite's amp (`from apexlite import amp`)")
+        hint = NATIVE_HINTS.get(use.api) or _hint_from_context(plan, use) or (
+            "it is amp's own machinery: write what it did with torch.autocast and the torch.amp.GradScaler "
+            "(scaler.get_scale(), scaler.unscale_(optimizer), ...), or keep apexlite's amp (`from apexlite import amp`)")
         plan.todo(use.node, f"`{plan.analysis.code(use.node)}` has no certain torch rewrite: {hint}")
+
+
+def _hint_from_context(plan: Plan, use: ApexUse) -> Optional[str]:
+    """What to do with a use of amp itself that no rule rewrites, where its form says (apex's op lists; a test
+    that apex imported)."""
+    if use.api.startswith(apis.AMP_MODULE + ".lists"):
+        return ("it edits apex's O1 op lists, which torch.autocast does not read (it has its own, with no "
+                "override): where the script moved an op to another precision (softmax to float16, say), cast that "
+                "op's inputs where it is called, or leave the edit out and accept torch.autocast's choice")
+    if use.api == apis.AMP_MODULE:
+        parent = plan.analysis.parent(use.node)
+        if isinstance(parent, cst.Comparison) and all(isinstance(target.operator, (cst.Is, cst.IsNot))
+                                                      for target in parent.comparisons):
+            return "it only tests whether apex imported, and the migrated script does not import it: delete the test"
+    return None
 
 
 def _normalised(code: str) -> str:

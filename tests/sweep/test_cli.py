@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 # O2 is clearly fastest (the others sleep 40 ms a step), O3 walks into the Adam eps trap; the loop
-# never ends by itself, so the step budget is what stops every run.
+# never ends by itself, so the step budget is what stops every run (48 steps: each round takes at least two,
+# and an interval needs 6 rounds, some of which a loaded machine spoils).
 TOY = textwrap.dedent("""
     import time
     import torch
@@ -48,15 +49,14 @@ def sweep(*args, timeout=240):
 def test_repeated_sweeps_agree_and_a_diverging_level_fails_the_sweep(tmp_path):
     path = tmp_path / "toy.py"
     path.write_text(TOY)
-    decisions = []
     for order in ("O0,O2,O3", "O3,O2,O0"):
         out = tmp_path / f"{order}.json"
-        result = sweep(str(path), "--opt-levels", order, "--max-steps", "12", "--warmup", "2", "--json", str(out))
+        result = sweep(str(path), "--opt-levels", order, "--max-steps", "48", "--warmup", "2", "--json", str(out))
         assert result.returncode == 1, result.stdout + result.stderr  # O3 diverged
         document = json.loads(out.read_text(), parse_constant=lambda token: pytest.fail(f"bare {token}"))
         rows = {row["opt_level"]: row for row in document["runs"]}
         assert {level: row["status"] for level, row in rows.items()} == {"O0": "ok", "O2": "ok", "O3": "diverged"}
-        assert all(row["steps"] == 12 for row in rows.values())
+        assert all(row["steps"] == 48 for row in rows.values())
         assert "torch.optim.Adam(eps=1e-08)" in rows["O3"]["error"] and rows["O3"]["final_loss"] is None
         assert [rows[level]["state_bytes_per_param"] for level in ("O0", "O2", "O3")] == [16.0, 20.0, 8.0]
         assert rows["O0"]["loss_vs_baseline"] == 1.0 and abs(rows["O2"]["loss_vs_baseline"] - 1) < 0.05
@@ -66,13 +66,15 @@ def test_repeated_sweeps_agree_and_a_diverging_level_fails_the_sweep(tmp_path):
         assert result.stdout.rstrip().splitlines()[-3].startswith("recommendation: ")
         speed = document["speed"]
         assert speed["baseline"] == "O0 float32" and speed["rounds"] >= 1
-        assert {(r["opt_level"], r["verdict"]) for r in speed["ratios"]} <= {
-            (level, verdict) for level in ("O2", "O3") for verdict in ("faster", "not measured")}
+        verdicts = {r["opt_level"]: r["verdict"] for r in speed["ratios"]}
+        assert set(verdicts) <= {"O2", "O3"} and verdicts.get("O2") in ("faster", "not measured")  # O3 sleeps as O0
         why = document["recommendation"]["reason"]
         claim = re.search(r"\d\.\d\dx \[\d+\.\d\d, \d+\.\d\d\] the speed of O0", why)
         assert claim or "speed could not be measured" in why
-        decisions.append((document["recommendation"]["opt_level"], document["recommendation"]["dtype"]))
-    assert decisions == [("O2", "float16")] * 2
+        # measured, O2 wins on speed; unmeasured (a loaded machine spoilt the rounds), no speed is claimed and
+        # the least memory wins: O0
+        expected = ("O2", "float16") if claim else ("O0", "float32")
+        assert (document["recommendation"]["opt_level"], document["recommendation"]["dtype"]) == expected, why
 
 
 HANGS_OR_FAILS = textwrap.dedent("""

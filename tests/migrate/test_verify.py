@@ -182,7 +182,10 @@ def test_child_exits_as_python_does_on_sys_exit(tmp_path, code, status, printed)
     """sys.exit("message") prints the message and exits 1, as python does, so the verdict can quote it."""
     result, report = run_child(tmp_path, f"import sys\nsys.exit({code})\n")
     assert (result.returncode, report["exit_code"]) == (status, status)
-    assert result.stderr.strip() == printed
+    # torch may warn at import (no numpy: "Failed to initialize NumPy"); the script's own lines are the rest
+    said = [line for line in result.stderr.splitlines() if line.strip() and "Warning" not in line
+            and not line.startswith(" ")]
+    assert said == ([printed] if printed else [])
 
 
 @pytest.mark.parametrize("module", ["apex", "apex.amp", "amp_C", "apexlite"])

@@ -284,21 +284,11 @@ def _undefined_at(analysis: Any, node: cst.CSTNode, code: str) -> List[str]:
     """The names `code` reads (besides builtins) that no scope visible at `node` defines."""
     scope = analysis.scope(node)
     expression = cst.parse_expression(code)
-    keywords = {id(arg.keyword) for arg in _walk(expression, cst.Arg) if arg.keyword is not None}
-    attributes = {id(attr.attr) for attr in _walk(expression, cst.Attribute)}
-    names = dict.fromkeys(name.value for name in _walk(expression, cst.Name)
+    keywords = {id(arg.keyword) for arg in analysis.walk(expression, cst.Arg) if arg.keyword is not None}
+    attributes = {id(attr.attr) for attr in analysis.walk(expression, cst.Attribute)}
+    names = dict.fromkeys(name.value for name in analysis.walk(expression, cst.Name)
                           if id(name) not in keywords and id(name) not in attributes)
     return [name for name in names if name not in vars(builtins) and scope is not None and name not in scope]
-
-
-def _walk(node: cst.CSTNode, kind: type) -> List[Any]:
-    found, stack = [], [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, kind):
-            found.append(current)
-        stack.extend(current.children)
-    return found
 
 
 def autocast_header(setup: AmpSetup, enabled: Optional[str]):

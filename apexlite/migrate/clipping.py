@@ -21,7 +21,6 @@ import libcst as cst
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import dotted_text
 from apexlite.migrate.edits import expression, small_statement, statement
-from apexlite.migrate.guards import resolves_alike
 from apexlite.migrate.initialize import AmpSetup
 from apexlite.migrate.reach import Unit
 from apexlite.migrate.scale_loss import ScaleLossPlanner
@@ -70,7 +69,9 @@ def _between_steps(unit: Unit, call: cst.CSTNode, index: int) -> bool:
             if id(node) in around_ids:
                 shared = node
                 break
-            guarded, below = guarded or isinstance(node, (cst.If, cst.For, cst.While, cst.Try)), node
+            guards = isinstance(node, (cst.For, cst.While, cst.Try)) or \
+                isinstance(node, cst.If) and not _every_branch_steps(unit, node, index)
+            guarded, below = guarded or guards, node
         if isinstance(shared, cst.If) and not any(node is below for node in around_clip):
             other_branch += 1  # `if accumulating: ... step ... else: clip; step`: never in the clip's iteration
             continue
@@ -86,6 +87,22 @@ def _between_steps(unit: Unit, call: cst.CSTNode, index: int) -> bool:
         if isinstance(node, (cst.For, cst.While)):
             return True
     return False
+
+
+def _every_branch_steps(unit: Unit, branch: cst.If, index: int) -> bool:
+    """Whether each branch of an `if` chain steps optimizer `index`, by `optimizer.step()` or a GradScaler's
+    `scaler.step(optimizer)` (Transformer-XL's `if native_amp: scaler.step(optimizer) else: optimizer.step()`):
+    such an `if` chooses how to step, not whether."""
+    def steps(node: cst.CSTNode) -> bool:
+        return any(isinstance(call.func, cst.Attribute) and call.func.attr.value == "step" and (
+            unit.ties.optimizer(call.func.value) == index
+            or len(call.args) == 1 and unit.ties.optimizer(call.args[0].value) == index)
+            for call in unit.analysis.walk(node, cst.Call))
+
+    other = branch.orelse
+    if other is None or not steps(branch.body):
+        return False
+    return _every_branch_steps(unit, other, index) if isinstance(other, cst.If) else steps(other.body)
 
 
 def _between_steps_todo(unit: Unit, call: cst.Call, unscale: str) -> None:

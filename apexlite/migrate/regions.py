@@ -89,7 +89,7 @@ class RegionFinder:
                 owner = self.analysis.parent(owner)
             if owner is None or isinstance(owner, (cst.FunctionDef, cst.ClassDef)):
                 return None
-            statement = owner
+            statement = self.analysis.statement_of(owner)  # (an `elif` is its chain's first `if`)
 
     def _passed_in(self, loss: cst.BaseExpression) -> Optional[List[Tuple[cst.Call, cst.BaseExpression]]]:
         """Where a loss that is a parameter of its function (`def backward(loss, optimizer)`) comes from: each

@@ -88,7 +88,9 @@ def _step_hazard(planner: "ScaleLossPlanner", unit: "Unit", call: cst.Call, site
     owner = analysis.enclosing_scope_owner(call)
     places: List[Tuple["Unit", cst.CSTNode]] = [(unit, call)]
     calls = unit.ties.calls_of(owner)
-    if calls is not None and not any(site.unit is unit and analysis.within(site.statement, owner) for site in sites):
+    backward_here = any(site.unit is unit and analysis.within(site.statement, owner) for site in sites) \
+        or any(position < analysis.position(call) for position in _backward_points(unit, call, sites))
+    if calls is not None and not backward_here:  # (a step after a helper that holds the scaled backward: judged here)
         places = [(other, node) for other in planner.units for key, node in calls if key == other.key]
         for other, node in places:
             if not any(position < other.analysis.position(node) for position in _backward_points(other, node, sites)):
@@ -99,7 +101,8 @@ def _step_hazard(planner: "ScaleLossPlanner", unit: "Unit", call: cst.Call, site
         for backward in place.walk(scope, cst.Call):
             func = backward.func
             if isinstance(func, cst.Attribute) and func.attr.value == "backward" and not backward.args \
-                    and not planner.flag_guards.scaled_or_amp_off(place_unit, backward):
+                    and not planner.flag_guards.scaled_or_amp_off(place_unit, backward) \
+                    and not _cleared_before(planner, place_unit, backward, node):
                 return (f"`{place.code(backward)}` in this function is a backward amp never scaled, and this step "
                         "would go through the GradScaler")
         loops = [a for a in place.ancestors(node) if isinstance(a, (cst.For, cst.While))]
@@ -109,6 +112,30 @@ def _step_hazard(planner: "ScaleLossPlanner", unit: "Unit", call: cst.Call, site
         if in_loop and all(place.position(site.statement) > place.position(node) for site in in_loop):
             return "this step runs before the scaled backward of its loop iteration"
     return None
+
+
+def _cleared_before(planner: "ScaleLossPlanner", unit: "Unit", backward: cst.Call, step: cst.Call) -> bool:
+    """Whether the grads of an unscaled `backward` are cleared before `step` can read them: a later statement of
+    its block calls `zero_grad` of the stepping optimizer or of amp's only model, with the step not in between
+    (Jasper's warm-up `loss.backward(); model.zero_grad()` before its training loop), so they reach no step."""
+    analysis = unit.analysis
+    stepped = unit.ties.optimizer(step.func.value)
+    sole_model = planner.setup.models[0] if len(planner.setup.models) == 1 else None
+
+    def clears(call: cst.Call) -> bool:
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "zero_grad"):
+            return False
+        owner = call.func.value
+        return unit.ties.optimizer(owner) == stepped or (sole_model is not None and dotted_text(owner) == sole_model)
+
+    statement = analysis.statement_of(backward)
+    body = list(analysis.block_of(statement).body)
+    later = body[body.index(statement) + 1:]
+    for index, following in enumerate(later):
+        if any(clears(call) for call in analysis.walk(following, cst.Call)):
+            return not any(following_step is step or analysis.within(step, following_step)
+                           for following_step in later[:index + 1])
+    return False
 
 
 def _backward_points(unit: "Unit", node: cst.CSTNode, sites: List["Site"]) -> List[int]:

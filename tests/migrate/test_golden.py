@@ -74,7 +74,8 @@ RUN_AND_PRINT = {"o3": "print(model(torch.randn(2, 4)).dtype)", "gan_forward_fir
                  "o3_batchnorm_kept": "print(model[1].weight.dtype, f'{float(loss):.6f}')",
                  "o3_fp16_loss_scale_kept": "print(model[0].weight.dtype, f'{float(loss):.6f}')",
                  "trainer_class": "print(float(trainer.grad_norm) < 1000)", "trainer_class_gan": "print(fake.dtype)",
-                 "trainer_class_clip": "print(f'{trainer.last_loss:.3f}')"}
+                 "trainer_class_clip": "print(f'{trainer.last_loss:.3f}')",
+                 "warmup_backward_cleared": "print(f'{loss.item():.3f}')"}
 
 
 @pytest.mark.parametrize("name", list(RUN_AND_PRINT))

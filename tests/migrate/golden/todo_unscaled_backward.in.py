@@ -1,5 +1,6 @@
 """An unscaled backward (a regulariser) stepped through the same optimizer as a scaled loss: the GradScaler
-would divide its grads by the loss scale, so its steps are TODOs."""
+would divide its grads by the loss scale, so the step after it is a TODO. The step before it reads only the scaled
+grads (the zero_grad after the regulariser's step clears them), and is left as it is."""
 import torch
 from apex import amp
 

@@ -1,5 +1,6 @@
 """An unscaled backward (a regulariser) stepped through the same optimizer as a scaled loss: the GradScaler
-would divide its grads by the loss scale, so its steps are TODOs."""
+would divide its grads by the loss scale, so the step after it is a TODO. The step before it reads only the scaled
+grads (the zero_grad after the regulariser's step clears them), and is left as it is."""
 import torch
 from apex import amp
 
@@ -14,10 +15,6 @@ for i in range(10):
     loss = torch.nn.functional.cross_entropy(model(x), x[:, :4].argmax(1))
     with amp.scale_loss(loss, optimizer) as scaled_loss:
         scaled_loss.backward()
-    # TODO(apexlite migrate): `reg.backward()` in this function is a backward amp never scaled, and this
-    #     step would go through the GradScaler; GradScaler.step needs grads that scaler.scale(...)
-    #     scaled since the last update: step the unscaled grads with a plain `optimizer.step()` of their
-    #     own, or scale every backward before this step
     optimizer.step()
     optimizer.zero_grad()
     reg = sum(p.pow(2).sum() for p in model.parameters()) * 1e-3

@@ -17,6 +17,7 @@ from apexlite.migrate import apis
 from apexlite.migrate.analysis import ApexUse
 from apexlite.migrate.clipping import plan_master_params, plan_other_clips
 from apexlite.migrate.device import RUNTIME
+from apexlite.migrate.custom_casts import plan_registration
 from apexlite.migrate.edits import Plan, expression, small_statement
 from apexlite.migrate.initialize import AmpSetup, read
 from apexlite.migrate.recipes import AUTOCAST, HALF, KEEP, NONE
@@ -170,6 +171,8 @@ def _plan_other(unit: Unit, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
             code = f"torch.autocast(device_type={setup.device_expr}, enabled=False)"
             plan.replace_expression(call, lambda _: expression(code))
             plan.needs_torch = True
+            continue
+        if plan_registration(plan, use.api, call, setup.device):
             continue
         hint = NATIVE_HINTS.get(use.api) or _hint_from_context(plan, use) or (
             "it is amp's own machinery: write what it did with torch.autocast and the torch.amp.GradScaler "

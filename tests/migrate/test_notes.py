@@ -22,6 +22,7 @@ import pytest
 from apexlite.migrate.cli import migrate_options, parse_arguments
 from apexlite.migrate.edits import NOTE_PREFIX
 from apexlite.migrate.engine import migrate_sources
+from tests.migrate.test_custom_casts import header_lists
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -203,6 +204,16 @@ def _early_step(program: Program, note: str, name: str, line: int, match) -> Non
     assert later and all(call.lineno > below.lineno for call in later)
 
 
+def _registration_removed(program: Program, note: str, name: str, line: int, match) -> None:
+    """The registration is gone, and the op is on the list of torch.autocast's CUDA ops the note names, as read
+    from the installed torch's header (tests/migrate/test_custom_casts.py reads it)."""
+    assert not program.calls(f"amp.{match[1]}")
+    lists = header_lists()
+    if lists is not None:
+        wanted = "lower" if match[3].startswith("in its lower precision") else "float32"
+        assert match[2].rsplit(".", 1)[-1] in lists[wanted], note
+
+
 CLAIMS = [
     (r"amp\.initialize \(opt_level O[0-3]\) (?:ran only when `.+`: it became|became) (?P<what>.+?)"
      r"(?P<flagged>, on every path, enabled by that flag|, enabled when `.+` \(its enabled=\)"
@@ -218,6 +229,9 @@ CLAIMS = [
     (r"(\w+)\(\) takes (the GradScaler|the device type|the GradScaler and the device type) that replaced amp "
      r"\((.+)\); every call migrate saw passes (?:it|them)", _takes),
     (r"amp\.load_state_dict\(\.\.\.\) removed: nothing is loss-scaled any more", _load_removed),
+    (r"`amp\.(register_half_function|register_float_function)\(.+\)` removed: torch\.autocast on CUDA already runs "
+     r"([\w.]+) (in its lower precision \(float16, or bfloat16 where the script asks for it\)|in float32)",
+     _registration_removed),
     (r"`([\w.]+)\(\.\.\.\)` here runs in float32 now \(apex's O[1-3] ran every forward in low precision\); for "
      r"that, run it under `with torch\.autocast\(.+\):`(?: \((?:`\w+`(?:, )?)+ (?:is|are) not defined here: pass "
      r"(?:it|them) in\))?", _forward_in_fp32),

@@ -218,10 +218,14 @@ def _plan_initialize_statement(plan: Plan, setup: AmpSetup, planner: ScaleLossPl
         cast = "half()" if setup.dtype == "float16" else "to(torch.bfloat16)"
         for model in setup.models:
             in_place.append(f"{model}.{cast}")
-            in_place.append(f"{model}.register_forward_pre_hook(\n    lambda module, args: tuple(a.{cast} if "
-                            "torch.is_tensor(a) and a.is_floating_point() else a for a in args))")
-            in_place.append(f"{model}.register_forward_hook(\n    lambda module, args, output: output.float() if "
-                            "torch.is_tensor(output) and output.is_floating_point() else output)")
+            # apex's O3 cast every floating tensor in the inputs (keywords and nested containers too) and in the
+            # output, however nested: torch's pytree walks tuples, lists, dicts and namedtuples the same way
+            in_place.append(f"{model}.register_forward_pre_hook(\n    lambda module, args, kwargs: "
+                            f"torch.utils._pytree.tree_map(lambda a: a.{cast} if torch.is_tensor(a) and "
+                            "a.is_floating_point() else a, (args, kwargs)), with_kwargs=True)")
+            in_place.append(f"{model}.register_forward_hook(\n    lambda module, args, output: "
+                            "torch.utils._pytree.tree_map(lambda a: a.float() if torch.is_tensor(a) and "
+                            "a.is_floating_point() else a, output))")
     enabled = f", enabled={setup.enabled}" if setup.enabled else ""
     static = "" if setup.loss_scale == "dynamic" else f", init_scale={float(setup.loss_scale)!r}, growth_interval=2**31 - 1"
     for scaler in planner.scalers:
@@ -233,9 +237,9 @@ def _plan_initialize_statement(plan: Plan, setup: AmpSetup, planner: ScaleLossPl
                                    "halves it")
     if setup.recipe == HALF:
         plan.comment(setup.anchor, f"O3 traps: no fp32 master weights (updates below {setup.dtype}'s resolution "
-                                   f"are lost), batchnorm and optimizer state in {setup.dtype}, only positional "
-                                   "tensor inputs are cast in and only a tensor output back to float32 (apex cast "
-                                   "every output); torch.autocast (O1) is the safer recipe")
+                                   f"are lost), batchnorm and optimizer state in {setup.dtype} (the model's inputs "
+                                   "are cast in and its outputs back to float32 by the hooks below, as apex did); "
+                                   "torch.autocast (O1) is the safer recipe")
     if setup.guard.outermost is not None:
         plan.insert_before(setup.guard.outermost, every_path)
     else:

@@ -49,7 +49,7 @@ def _adam_target(values: Dict[str, Any]) -> Optional[str]:
     return "torch.optim.AdamW" if mode else "torch.optim.Adam"
 
 
-_DDP_TUNING = ("message_size", "delay_allreduce", "allreduce_trigger_params", "retain_allreduce_buffers",
+_DDP_TUNING = ("message_size", "allreduce_trigger_params", "retain_allreduce_buffers",
                "num_allreduce_streams", "allreduce_communicators", "prof")
 _SET_GRAD_NONE = "optimizer.zero_grad() sets gradients to None unless called with set_to_none=False"
 _MEMORY_EFFICIENT = "it only traded memory for recomputation inside apex's kernel"
@@ -88,6 +88,7 @@ RULES: Dict[str, Rule] = {
          ("allreduce_trigger_params", None), ("retain_allreduce_buffers", False), ("allreduce_always_fp32", False),
          ("num_allreduce_streams", 1), ("allreduce_communicators", None), ("gradient_average", True),
          ("gradient_predivide_factor", 1.0), ("gradient_average_split_factor", None), ("prof", False)),
+        rename={"delay_allreduce": "find_unused_parameters"},  # both reduce whatever grads a backward made
         drop={name: "it only tuned how apex's DDP overlapped communication" for name in _DDP_TUNING},
         no_equivalent={"shared_param": "apex had already retired it",
                        "allreduce_always_fp32": "register a DDP comm hook that all-reduces in fp32",

@@ -107,7 +107,8 @@ def ddp_from_apex_args(module: torch.nn.Module, message_size: int = 10000000, de
 
     Mapping: message_size -> bucket_cap_mb (elements x element size); delay_allreduce -> one bucket
     for the whole model (reduction starts when backward has produced every gradient, except torch's
-    small first bucket); allreduce_always_fp32 -> reduce_dtype=torch.float32; gradient_average and
+    small first bucket) and find_unused_parameters=True (params the forward did not use, as apex
+    allowed); allreduce_always_fp32 -> reduce_dtype=torch.float32; gradient_average and
     gradient_predivide_factor keep their meaning (the legacy default 1.0 divides after the sum);
     gradient_average_split_factor is the old name of the predivide factor. Stream, communicator,
     trigger-param, buffer-retention and profiling options have no torch DDP equivalent: accepted and
@@ -129,6 +130,8 @@ def ddp_from_apex_args(module: torch.nn.Module, message_size: int = 10000000, de
         gradient_predivide_factor = gradient_average_split_factor
     elements = sum(p.numel() for p in module.parameters()) if delay_allreduce else message_size
     kwargs: Dict[str, Any] = dict(bucket_cap_mb=_bucket_cap_mb(module, elements))
+    if delay_allreduce:  # apex reduced whatever grads the backward made, as find_unused_parameters lets torch's
+        kwargs["find_unused_parameters"] = True
     kwargs.update(ddp_kwargs)
     return DistributedDataParallel(
         module, reduce_dtype=torch.float32 if allreduce_always_fp32 else None,

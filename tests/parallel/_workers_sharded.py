@@ -121,8 +121,22 @@ def _apex_args_probe(rank: int, world: int) -> dict:
     ddp = ddp_from_apex_args(model, delay_allreduce=True, allreduce_always_fp32=True)
     x, y = shard(batches(1)[0], rank, world)
     torch.nn.functional.mse_loss(ddp(x), y).backward()
+    with_spare = ddp_from_apex_args(_WithSpare(), delay_allreduce=True)  # apex reduced whatever grads were made
+    for _ in range(2):  # torch's DDP refuses the second backward when a param went unused and it was not told
+        torch.nn.functional.mse_loss(with_spare(x), y).backward()
     return dict(reduce_dtype=ddp.reduce_config.reduce_dtype, factors=ddp.reduce_config.factors(),
-                grads=[p.grad.clone() for p in ddp.parameters()])
+                grads=[p.grad.clone() for p in ddp.parameters()], spare_grad=with_spare.module.spare.weight.grad)
+
+
+class _WithSpare(torch.nn.Module):
+    """tiny_model beside a layer its forward never uses (a head only some configurations train)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.spare = tiny_model(), torch.nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
 
 
 def _local(model: torch.nn.Module) -> List[torch.Tensor]:

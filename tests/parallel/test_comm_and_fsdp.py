@@ -73,6 +73,7 @@ def test_apex_arguments_map_onto_ddp(comm):
     probes = [r["apex-args"] for r in comm]
     assert probes[0]["reduce_dtype"] is torch.float32
     assert probes[0]["factors"] == (1.0, 0.5)  # legacy default: divide after the sum
+    assert all(probe["spare_grad"] is None for probe in probes)  # an unused param trained past, as apex allowed
     for g0, g1 in zip(probes[0]["grads"], probes[1]["grads"]):
         assert torch.equal(g0, g1)
     # the averaged grad equals the full-batch grad of a single process

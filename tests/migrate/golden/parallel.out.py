@@ -9,8 +9,7 @@ local_rank = int(os.environ["LOCAL_RANK"])
 model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.SyncBatchNorm(8, eps=1e-3), torch.nn.BatchNorm2d(8))
 model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda(local_rank)
 # apexlite migrate: `message_size` dropped: it only tuned how apex's DDP overlapped communication
-# apexlite migrate: `delay_allreduce` dropped: it only tuned how apex's DDP overlapped communication
-model = torch.nn.parallel.DistributedDataParallel(model)
+model = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
 # TODO(apexlite migrate): `gradient_predivide_factor=4.0`: no
 #     torch.nn.parallel.DistributedDataParallel equivalent (register a DDP comm hook that divides
 #     before the all-reduce)

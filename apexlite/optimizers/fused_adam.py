@@ -6,7 +6,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 
-from apexlite._logging import get_logger
+from apexlite.optimizers import _adam_checkpoint as checkpoint
 from apexlite.optimizers import _adam_state as adam_state
 from apexlite.optimizers import multi_tensor
 from apexlite.optimizers._base import ApexStyleOptimizer, check_hyper, clear_grads
@@ -15,11 +15,10 @@ from apexlite.optimizers._adam_step import (IMPLEMENTATIONS, bump_versions, flag
 from apexlite.optimizers._flat_buffers import FlatBuffers
 from apexlite.optimizers._grad_writeback import check_grads_writable
 from apexlite.optimizers._group_steps import (
-    GroupStart, ParamGroup, check_step_count, load_group_count, save_group_count)
+    GroupStart, ParamGroup, check_step_count)
 from apexlite.optimizers._torch_fused import Workspace, foreach_copy
 
 _LEGACY_STEP_ARGS = ("grads", "output_params", "scale", "grad_norms")
-_log = get_logger("optimizers")
 
 
 class FusedAdam(ApexStyleOptimizer):
@@ -143,51 +142,16 @@ class FusedAdam(ApexStyleOptimizer):
         self._flat.invalidate()
 
     def state_dict(self) -> Dict[str, Any]:
-        """torch's format, with plain dicts (the live state watches its entries, _watched_state.py); each
-        group also names its mode in torch's key, so torch.optim.Adam loading it trains in the same mode."""
-        packed = super().state_dict()
-        packed["state"] = {key: dict(entry) for key, entry in packed["state"].items()}
-        for group, live in zip(packed["param_groups"], self.param_groups):
-            group["decoupled_weight_decay"] = bool(group["adam_w_mode"])
-            if self._steps_itself():
-                save_group_count(group, live, self.state)
-        return packed
+        """torch's format with plain dicts; each group names its weight-decay mode in torch's key too."""
+        return checkpoint.pack(super().state_dict(), self, self._steps_itself())
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Loads torch, apex or apexlite checkpoints, keeping FusedAdam's state dtypes and devices."""
-        if any(group.get("amsgrad") for group in state_dict["param_groups"]):
-            raise RuntimeError("this checkpoint comes from an AMSGrad optimizer; FusedAdam does not implement "
-                               "AMSGrad, load it into torch.optim.Adam(amsgrad=True) instead.")
-        adam_state.refuse_maximize(state_dict["param_groups"], "this checkpoint")
-        ids = [pid for group in state_dict["param_groups"] for pid in group["params"]]
-        params = [p for group in self.param_groups for p in group["params"]]
-        by_id = dict(zip(ids, params))
-        adam_state.check_checkpoint_shapes(state_dict["state"], by_id)
+        by_id = checkpoint.check_loadable(self, state_dict)
         built_modes = [group["adam_w_mode"] for group in self.param_groups]
         self._flat.invalidate()
         super().load_state_dict(state_dict)
-        adam_state.settle_weight_decay_modes(self.param_groups, built_modes)
-        if len({group["adam_w_mode"] for group in self.param_groups}) == 1:
-            self.adam_w_mode = int(self.param_groups[0]["adam_w_mode"])
-        handed_over = 0
-        for pid, saved in state_dict["state"].items():
-            param = by_id.get(pid)
-            if param is None:
-                continue
-            for key, value in saved.items():
-                if torch.is_tensor(value):
-                    self.state[param][key] = adam_state.restore_value(key, value, param, self.exp_avg_dtype)
-            handed_over += adam_state.hand_master_to_fp32_param(param, self.state[param])
-            adam_state.prepare_state(param, self.state[param])
-        if handed_over:
-            _log.info("FusedAdam.load_state_dict: the checkpoint holds fp32 master weights (amp O2 or "
-                      "master_weights=True) for %d float32 params (amp O0/O1); each param took its master's "
-                      "values and keeps no separate master", handed_over)
-        for group in self.param_groups:
-            for key, default in self.defaults.items():  # torch checkpoints lack FusedAdam's own keys
-                group.setdefault(key, default)
-            if self._steps_itself():  # a subclass with its own step() (e.g. fairseq's) reads apex's group["step"]
-                load_group_count(group, self.state)
+        checkpoint.settle_loaded(self, state_dict, by_id, built_modes, self._steps_itself())
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         """torch's (a copy, an unpickle, and load_state_dict all come here), with the groups as ParamGroups."""

@@ -27,26 +27,30 @@
 # apex's tests are read from $APEXLITE_APEX_TESTS, a folder holding apex's tests/L0 (an export of apex at
 # e13873de, the last commit with amp: `git -C APEX archive e13873de tests/L0 | tar -x -C DIR`); without it
 # step 5 is skipped, saying so. They need expecttest and numpy beside pytest.
-# Exit status: 0 when every step passed. Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST
+# Exit status: 0 when every step passed (or no GPU is visible: it says so), 2 when torch cannot be imported.
+# Environment: PYTHON (default: this checkout's ./.venv where it exists, else python3), TORCH_CUDA_ARCH_LIST
 # (default: this GPU's), APEXLITE_GPU_CHECK_STEPS (default "build doctor bench tests apex"),
 # APEXLITE_GPU_CHECK_COMMIT (the commit the summary names; default: git's HEAD, if the tree is a checkout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=$PWD/.venv/bin/python; else PY=python3; fi
 OUT=${APEXLITE_GPU_CHECK_OUT:-gpu_check_results}
 APEX_TESTS=${APEXLITE_APEX_TESTS:-}
 STEPS=${APEXLITE_GPU_CHECK_STEPS:-build doctor bench tests apex}
 BUDGET=${APEXLITE_GPU_CHECK_BUDGET_S:-480}
 TEST_WORKERS=${APEXLITE_GPU_CHECK_TEST_WORKERS:-4}
+if ! "$PY" -c "import torch" 2>/dev/null; then
+    echo "gpu_check: $PY cannot import torch; set PYTHON to the interpreter that has torch and apexlite's requirements (or run scripts/setup.sh first, which makes ./.venv)" >&2
+    exit 2
+fi
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo "gpu_check: torch sees no CUDA device ($("$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)')); nothing to check here. Run it on a GPU machine."
+    exit 0
+fi
 mkdir -p "$OUT/logs"
 SUMMARY=$OUT/summary.md
 START=$(date +%s)
 DEADLINE=$((START + BUDGET))
-
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    echo "gpu_check: torch sees no CUDA device ($("$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null || echo "torch not importable")); nothing to check here. Run it on a GPU machine."
-    exit 0
-fi
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$("$PY" -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}

@@ -116,3 +116,24 @@ def test_apex_suites_stop_themselves_inside_the_step_limit(tmp_path):
         inner = int(call[call.index("--timeout") + 1])
         assert 80 <= inner <= 85, call  # the budget's rest (99-100 s) less 15 s
     assert all(statuses[f"apex_{suite}"] == "passed" for suite in ("run_amp", "run_fused_layer_norm"))
+
+
+@pytest.mark.parametrize("probe_status,exit_status,said", [
+    (1, 2, "cannot import torch"),  # the interpreter has no torch: an error, not "nothing to check"
+    (0, 0, "torch sees no CUDA device"),
+])
+def test_without_torch_it_fails_and_without_a_gpu_it_says_so_writing_nothing(tmp_path, probe_status, exit_status, said):
+    """An interpreter that cannot import torch stops the check with exit 2 (the README's setup puts torch in ./.venv,
+    which the script then uses); torch without a GPU exits 0 saying there is nothing to check. Neither leaves a
+    results folder."""
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/usr/bin/env bash\ncase "$2" in *cuda.is_available*) exit 1 ;; *"import torch"*) '
+                    f'exit {probe_status} ;; *) echo "torch 0.0 CUDA None" ;; esac\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    out = tmp_path / "out"
+    process = subprocess.run(["bash", str(SCRIPT)], env={**os.environ, "PYTHON": str(fake),
+                                                         "APEXLITE_GPU_CHECK_OUT": str(out)},
+                             capture_output=True, text=True, timeout=60)
+    assert process.returncode == exit_status, process.stdout + process.stderr
+    assert said in process.stdout + process.stderr
+    assert not out.exists()

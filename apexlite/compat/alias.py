@@ -159,10 +159,13 @@ def _missing_from(record: dict) -> List[str]:
 def install(site: Path) -> Tuple[int, str]:
     """(exit status, message) of `alias install` (an intact alias written by another apexlite is replaced)."""
     record = _read_record(site)
-    if record is not None and set(_file_states(site, record).values()) == {"ok"}:
-        if not _missing_from(record):
-            return 0, f"apexlite alias already installed in {site}; nothing to do."
-        uninstall(site)  # exactly what the older install wrote, all unchanged: rewrite it as this apexlite's
+    states = set(_file_states(site, record).values()) if record is not None else set()
+    if states == {"ok"} and not _missing_from(record):
+        return 0, f"apexlite alias already installed in {site}; nothing to do."
+    if record is not None and "modified" not in states:
+        # an older apexlite's alias, or what an uninstall left (files deleted since): its record and unchanged
+        # files go first, so that its dist-info is not taken for a real apex
+        uninstall(site)
     conflicts = real_apex(site)
     if conflicts:
         return 1, ("apexlite alias: refused, a real apex is installed in this environment: " + "; ".join(conflicts)
@@ -194,7 +197,9 @@ def uninstall(site: Path) -> Tuple[int, str]:
     _remove_empty_dirs(site)
     if kept:
         return 1, (f"apexlite alias: removed what was unchanged; kept {', '.join(kept)} in {site}, changed since "
-                   "install (not what install wrote). Delete them yourself if they are not wanted.")
+                   "install (not what install wrote). Delete them yourself if they are not wanted; the alias's record "
+                   f"({DIST_INFO}/{RECORD_NAME}) stays until `python -m apexlite alias uninstall` runs again after "
+                   "that (or `alias install` writes the alias anew).")
     return 0, f"apexlite alias removed from {site}."
 
 

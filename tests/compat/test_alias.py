@@ -175,3 +175,22 @@ def test_an_alias_from_an_older_apexlite_is_reported_and_replaced_by_install(tmp
     assert alias.status(site)[0] == 0
     assert alias.uninstall(site)[0] == 0
     assert list(site.iterdir()) == []
+
+
+def test_install_after_an_uninstall_that_kept_a_changed_file_the_user_then_deleted(tmp_path, monkeypatch):
+    """uninstall keeps a hand-edited stand-in and the alias's record, and says so; once the user deletes the
+    file, install takes the record for its own leftover (not for a real apex) and writes the alias anew."""
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])  # where real_apex looks: this site is the env's
+    assert alias.install(site)[0] == 0
+    stand_in = site / "apex" / "__init__.py"
+    stand_in.write_text(stand_in.read_text() + "# edited by hand\n")
+    code, message = alias.uninstall(site)
+    assert code == 1 and "kept apex/__init__.py" in message and "alias uninstall` runs again" in message
+    stand_in.unlink()
+    code, message = alias.install(site)
+    assert code == 0 and "installed" in message, message
+    assert alias.status(site)[0] == 0
+    assert alias.uninstall(site)[0] == 0
+    assert list(site.iterdir()) == []

@@ -72,7 +72,7 @@ def _print_text(script: str, rows: List[Row], program: Optional[Program] = None)
         print(f"{script}: no apex APIs used")
         return
     width = max(len(name) for name, _, _ in rows)
-    print(f"{script}: {len(rows)} APIs to know about")
+    print(f"{script}: {counted(len(rows), 'API')} to know about")
     for name, lines, status in rows:
         if program is not None and program.notebook is not None:
             where = ", ".join(program.location(line) for line in lines)

@@ -186,7 +186,7 @@ def test_a_folder_lists_the_files_that_use_apex_and_exits_with_the_highest_statu
     assert check.main([str(tmp_path)]) == 3
     out = capsys.readouterr().out
     assert f"{tmp_path / 'pkg' / 'train.py'}: 2 APIs to know about" in out
-    assert f"{tmp_path / 'pkg' / 'rnn.py'}: 1 APIs to know about" in out
+    assert f"{tmp_path / 'pkg' / 'rnn.py'}: 1 API to know about" in out
     assert "util.py" not in out and "apex_copy" not in out
     assert f"{tmp_path / 'broken.py'}: refused: " in out
     assert out.rstrip().endswith("total: 4 files read: 2 use apex APIs, 1 use none, 1 refused; skipped: 1 folder "

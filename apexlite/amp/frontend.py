@@ -49,7 +49,7 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
     Arguments and defaults are apex.amp's. apexlite-only keywords: `dtype` picks the low-precision
     type for every opt level, torch.float16 (default) or torch.bfloat16 (the loss scale then defaults
     to 1.0); `max_nonfinite_losses` stops a run whose loss itself was inf/NaN that many consecutive
-    iterations (0: never). May be called again (see NOTE in session.py): the latest call's options
+    iterations (0: never). May be called again (see the NOTE in apexlite/amp/session.py): the latest call's options
     apply and earlier models and optimizers keep working. All-or-nothing: a failed call changes nothing.
     """
     script_level = opt_level

@@ -15,6 +15,7 @@ import libcst as cst
 
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import ApexUse
+from apexlite.migrate.apex_probes import plan_apex_probes
 from apexlite.migrate.clipping import plan_master_params, plan_other_clips
 from apexlite.migrate.device import RUNTIME
 from apexlite.migrate.custom_casts import plan_registration
@@ -73,6 +74,8 @@ def plan_amp_files(plans: Dict[Key, Plan], home: Optional[Key], options: Migrate
                 _plan_keep(unit, setup, uses[unit.key])
         else:
             _plan_native(units, setup, uses, origin)
+        for unit in units:
+            plan_apex_probes(unit.plan)
         if refused is not None:
             children[home].todo(setup.call, refused)
     migrated = setup is not None and not any(child.todos for child in children.values())

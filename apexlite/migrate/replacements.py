@@ -191,18 +191,36 @@ def _to_python_float(plan: Plan, call: cst.Call) -> None:
     plan.replace_expression(call, lambda _: expression(f"{code}.item()"))
 
 
+TORCH_DDP = "torch.nn.parallel.DistributedDataParallel"
+
+
+def _type_test(analysis, node: cst.CSTNode) -> bool:
+    """Whether `node` is the class an isinstance/issubclass call tests against (alone or in a tuple of classes)."""
+    parent = analysis.parent(node)
+    if isinstance(parent, cst.Element):
+        parent = analysis.parent(analysis.parent(parent)) if isinstance(analysis.parent(parent), cst.Tuple) else None
+    call = analysis.parent(parent) if isinstance(parent, cst.Arg) else None
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in (
+        "isinstance", "issubclass") and len(call.args) == 2 and call.args[1] is parent
+
+
 def plan_replacements(plan: Plan, device: str, keep_amp: bool = False) -> None:
     """Rewrite every call of an apex API that has a rule; other uses of those APIs get a TODO. Where O2's amp
     stays on apexlite (`keep_amp`), apex's DDP does not become torch's: it would leave each rank the fp32
     masters amp.initialize built from that rank's own weights. A name imported from apex.parallel is
     imported from apexlite.parallel instead (imports.py: `ddp_from_apex_args`, apex's arguments, which
-    broadcasts rank 0's masters); any other spelling gets a TODO saying so."""
+    broadcasts rank 0's masters); any other spelling gets a TODO saying so. `isinstance(model, DDP)` tests
+    against torch's DDP, which what either rewrite builds is (ddp_from_apex_args's class subclasses it)."""
     analysis = plan.analysis
     for use in analysis.uses:
         rule = RULES.get(use.api)
         if (rule is None and use.api not in TO_PYTHON_FLOAT) or plan.is_handled(use.node):
             continue
         plan.handle(use.node)
+        if use.api == apis.APEX_DDP and _type_test(analysis, use.node):
+            plan.replace_expression(use.node, lambda _: expression(TORCH_DDP))  # what either rewrite builds is one
+            plan.needs_torch = True
+            continue
         if keep_amp and use.api == apis.APEX_DDP:
             if not isinstance(use.node, cst.Name) or use.star:
                 plan.todo(use.node, "amp may run O2 here and stays on amp's API: build this DDP with "

@@ -20,6 +20,7 @@ from apexlite.migrate.clipping import plan_master_params, plan_other_clips
 from apexlite.migrate.device import RUNTIME
 from apexlite.migrate.custom_casts import plan_registration
 from apexlite.migrate.edits import Plan, expression, small_statement
+from apexlite.migrate.grad_reads import plan_grad_reads
 from apexlite.migrate.initialize import AmpSetup, read
 from apexlite.migrate.recipes import AUTOCAST, HALF, KEEP, NONE
 from apexlite.migrate.options import MigrateOptions
@@ -98,6 +99,7 @@ def _plan_native(units: List[Unit], setup: AmpSetup, uses: Dict[Key, List[ApexUs
     for unit in units:
         plan_master_params(unit, setup, planner)
         plan_other_clips(unit, setup, planner)
+        plan_grad_reads(unit, planner)
         plan_state(unit, setup, planner)
         _plan_other(unit, setup, uses[unit.key])
     home = next(unit for unit in units if unit.home)

@@ -5,13 +5,16 @@ NOTE [fused O2 step]
   False on the instance before ``amp.initialize`` to keep separate fp32 master params instead).
   The param groups keep the model's fp16/bf16 params; the optimizer holds one fp32 master per
   param in its state (``enable_master_weights``, seeded from the fp32 weights saved before the cast).
-- Fast mode (one backward per step, no clipping): leaving ``scale_loss`` every grad stays in
+- Fast mode (one backward per step, no clipping): leaving ``scale_loss`` every half grad stays in
   ``.grad``, still scaled (fp16 keeps its small values), and is only checked for inf/NaN. ``step()``
   hands the optimizer ``grad_scale``, so one kernel pass unscales in registers, updates master and
   moments and writes the half copy: no fp32 grad copies, no unscale pass, no master->model copy.
-  fp32 params (batchnorm under keep_batchnorm_fp32) are their own masters and carry the same scale.
+  fp32 params (batchnorm under keep_batchnorm_fp32) are their own masters: their grads are unscaled
+  in place on leaving ``scale_loss``, as apex did (a script may edit them before the step), and the
+  optimizer is told so (``amp_fp32_grads_unscaled``).
 - fp32 mode, entered when a second backward adds to existing grads or when
-  ``amp.master_params(optimizer)`` is read (clipping): unscaled fp32 grads live on the masters
+  ``amp.master_params(optimizer)`` is read (clipping; from then on every backward enters it, so a list
+  of the master params kept across steps always holds this step's grads): unscaled fp32 grads live on the masters
   (``master.grad``, which the optimizer prefers over the param's) and on the fp32 params, exactly as
   in the separate-masters path, so accumulation happens in fp32 and clipping sees real values.
 - The step, a skipped step and ``zero_grad`` return to fast mode; a skipped step also drops every
@@ -60,6 +63,7 @@ class FusedMasterGrads:
         self._fp32_grads = PlainGrads(optimizer, params_fn=self._fp32_params)
         self._grads_scale = 1.0  # fast mode: the loss scale every current grad carries
         self._fp32_mode = False
+        self._masters_read = False  # amp.master_params was read: every backward enters fp32 mode
         self._stash: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._grad_sample: List[torch.Tensor] = []  # model_grad_sample: from the last post
         self._set_grad_scale = False
@@ -107,11 +111,16 @@ class FusedMasterGrads:
         fresh = [grad for grad in (p.grad for p in optimizer_params(self.optimizer)) if grad is not None]
         if any(grad.is_sparse for grad in fresh):
             raise sparse_grad_error()
-        if not self._fp32_mode and not self._stash:
+        if not self._fp32_mode and not self._stash and not self._masters_read:
             self._grads_scale = scaler.loss_scale() if scaler.checks_overflow else 1.0
-            if fresh and scaler.checks_overflow:
-                scaler.check(fresh)
-            self._grad_sample = spread([grad for grad in fresh if grad.dtype in LOW_PRECISION])
+            halves = [grad for grad in fresh if grad.dtype in LOW_PRECISION]
+            singles = [grad for grad in fresh if grad.dtype not in LOW_PRECISION]
+            if scaler.checks_overflow:
+                if halves:
+                    scaler.check(halves)
+                if singles:  # fp32 params are their own masters: unscaled now, as apex left them
+                    scaler.unscale(singles)
+            self._grad_sample = spread(halves)
             return
         if not self._fp32_mode:
             self._fp32_grads.adopt_stash(self._enter_fp32_mode(self._stash))
@@ -130,7 +139,8 @@ class FusedMasterGrads:
         self._fp32_grads.post(scaler)
 
     def _enter_fp32_mode(self, scaled: List[Tuple[torch.Tensor, torch.Tensor]]) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-        """Unscale fast-mode grads: half ones onto their masters (fp32 copies), fp32 ones in place.
+        """Unscale fast-mode grads: half ones onto their masters (fp32 copies); fp32 ones fast mode left
+        unscaled already.
 
         Returns the (fp32 param, unscaled grad) pairs.
         """
@@ -139,7 +149,7 @@ class FusedMasterGrads:
         for param, grad in scaled:
             target = self._master(param)
             if target is param:
-                fp32_pairs.append((param, grad.mul_(inv_scale)))
+                fp32_pairs.append((param, grad))
             else:
                 target.grad = grad.float().mul_(inv_scale)
         self._fp32_mode = True
@@ -177,6 +187,7 @@ class FusedMasterGrads:
             # the model's half grads stay scaled, as apex left them: no extra write pass in the kernel
             self._own_leave_flag = vars(self.optimizer).get("leave_grads_scaled", _ABSENT)
             self.optimizer.leave_grads_scaled = True
+            self.optimizer.amp_fp32_grads_unscaled = True  # (post unscaled them)
             self._set_grad_scale = True
 
     def after_update(self, optimizer: Any = None, args: Any = None, kwargs: Any = None) -> None:
@@ -200,6 +211,7 @@ class FusedMasterGrads:
     def _remove_step_inputs(self) -> None:
         if self._set_grad_scale:
             del self.optimizer.grad_scale
+            del self.optimizer.amp_fp32_grads_unscaled
             if self._own_leave_flag is _ABSENT:
                 del self.optimizer.leave_grads_scaled
             else:
@@ -215,6 +227,7 @@ class FusedMasterGrads:
     # --- unscaled fp32 grads for clipping ----------------------------------------------------------
     def master_params(self) -> Iterator[torch.Tensor]:
         """What the optimizer updates (fp32 masters and fp32 params), with unscaled fp32 grads."""
+        self._masters_read = True
         if not self._fp32_mode:
             self._enter_fp32_mode([(p, p.grad) for p in optimizer_params(self.optimizer) if p.grad is not None])
         for param in optimizer_params(self.optimizer):

@@ -55,6 +55,8 @@ class FusedAdam(ApexStyleOptimizer):
     leave_grads_scaled = False
     # under amp O2, keep the fp32 masters here and unscale in the kernel (apexlite/amp/fused_master.py)
     amp_fused_master_step = True
+    # set by amp O2 for a step: grad_scale applies to the half params' grads only, amp unscaled the fp32 ones
+    amp_fp32_grads_unscaled = False
 
     def __init__(
         self,
@@ -184,6 +186,7 @@ class FusedAdam(ApexStyleOptimizer):
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
         store_unscaled = grad_scale is not None and not self.leave_grads_scaled
+        fp32_unscaled = self.amp_fp32_grads_unscaled
         plan = []
         for group in self.param_groups:
             start = GroupStart(group, self.state) if group["step_count"] == "group" else None
@@ -207,6 +210,8 @@ class FusedAdam(ApexStyleOptimizer):
                         per_device[device] = (resolve(self.implementation, device), flag_on(grad_scale, device),
                                               flag_on(found_inf, device))
                     path, scale, found = per_device[device]
+                    if fp32_unscaled and call.copies is None and call.weights.dtype == torch.float32:
+                        scale = None  # fp32 params' own grads, which amp unscaled
                     if call.grads is not None:  # fresh grads read where they are (kernel path only)
                         fused_adam_flat_grad_list_step(call.weights, call.grads, call.offsets, call.exp_avg,
                                                        call.exp_avg_sq, call.steps, call.copies, grad_scale=scale,
@@ -223,7 +228,9 @@ class FusedAdam(ApexStyleOptimizer):
                     self._check_unscaled_grads_writable([late_buckets])
                 per_tensor += late_buckets.values()
             for bucket in per_tensor:
-                bucket_scale = None if bucket.grads_unscaled else flag_on(grad_scale, bucket.device)
+                unscaled = bucket.grads_unscaled or (fp32_unscaled and not bucket.model_copies
+                                                     and bucket.params[0].dtype == torch.float32)
+                bucket_scale = None if unscaled else flag_on(grad_scale, bucket.device)
                 path = fused_adam_step(
                     bucket.params, bucket.grads, bucket.exp_avgs, bucket.exp_avg_sqs,
                     bucket.state_steps, bucket.model_copies, grad_scale=bucket_scale,

@@ -42,6 +42,8 @@ class Recipe:
     clip: Optional[float] = None          # clip_grad_norm_(amp.master_params(opt), clip)
     scale_window: Optional[int] = None    # dynamic scale growth every N clean exits
     idle: Tuple[int, ...] = ()            # steps the last layer gets no grads (frozen for the step)
+    edit_fp32_grads: bool = False         # an L1 penalty added to the fp32 batchnorm weight's grad after scale_loss
+    kept_masters: Optional[float] = None  # clip a list of amp.master_params(opt) taken at the first step
     extra: dict = field(default_factory=dict)
 
 
@@ -71,6 +73,11 @@ def run(recipe: Recipe, low: torch.dtype, fused: bool, implementation: str = "au
                 scaled.backward()
         if recipe.clip is not None:
             torch.nn.utils.clip_grad_norm_(amp.master_params(opt), recipe.clip)
+        if recipe.edit_fp32_grads:  # network slimming: apex had unscaled the fp32 params' grads in place
+            model[1].weight.grad.add_(0.1 * torch.sign(model[1].weight.detach()))
+        if recipe.kept_masters is not None:
+            kept = list(amp.master_params(opt)) if step == 0 else kept
+            torch.nn.utils.clip_grad_norm_(kept, recipe.kept_masters)
         opt.step()
         opt.zero_grad()
         skipped.append(all(torch.equal(a, b) for a, b in zip(before, model.parameters())))
@@ -95,6 +102,8 @@ RECIPES = {
     "clip-overflow": Recipe(clip=0.05, poison=(3,)),
     # apex's step count: the idle layer's counters advance with the group, not on the skipped step
     "idle-layer-overflow": Recipe(idle=(1, 2, 5), poison=(4,)),
+    "fp32-grads-edited": Recipe(edit_fp32_grads=True, poison=(3,)),
+    "master-list-kept-across-steps": Recipe(kept_masters=0.05, poison=(3,)),
 }
 
 

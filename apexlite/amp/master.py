@@ -114,14 +114,29 @@ class MasterParams:
             }
         return master
 
-    def _replace_in_group(self, group: Dict[str, Any]) -> None:
+    def _replace_in_group(self, group: Dict[str, Any], wanted=lambda param: param.requires_grad) -> int:
+        """Each low-precision param of `group` that `wanted` picks gets its fp32 master in its place."""
+        made = 0
         params = group["params"]
         for index, param in enumerate(params):
-            if param.requires_grad and param.dtype in LOW_PRECISION:
+            if param.dtype in LOW_PRECISION and wanted(param):
                 master = self._make_master(param)
                 params[index] = master
                 self.model_params.append(param)
                 self.masters.append(master)
+                made += 1
+        return made
+
+    def _adopt_unfrozen(self) -> None:
+        """A low-precision param still in the groups has a grad now: frozen (requires_grad=False) at initialize
+        and unfrozen since. It gets its master here, as apex made masters at the first scale_loss; stepped in
+        fp16 by the optimizer itself it would overflow (Adam's eps) or lose its updates."""
+        made = sum(self._replace_in_group(group, lambda param: param.grad is not None)
+                   for group in self.optimizer.param_groups)
+        if made:
+            log.info("amp O2: %d low-precision param(s) of %s without an fp32 master (requires_grad=False at "
+                     "amp.initialize) have grads now; their masters are made from their current weights",
+                     made, type(self.optimizer).__name__)
 
     def _fp32_params(self) -> List[torch.Tensor]:
         masters = {id(m) for m in self.masters}
@@ -135,6 +150,7 @@ class MasterParams:
         self._fp32_grads.prepare()
 
     def post(self, scaler: LossScaler) -> None:
+        self._adopt_unfrozen()
         pairs = [(m, p.grad) for p, m in zip(self.model_params, self.masters) if p.grad is not None]
         if any(grad.is_sparse for _, grad in pairs):
             raise sparse_grad_error()

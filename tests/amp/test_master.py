@@ -373,3 +373,40 @@ def test_an_optimizer_made_after_initialize_is_registered_as_the_error_says(leve
     optimizer.step()
     assert not torch.equal(before, model[0].weight)
     assert all(p.dtype is torch.float32 for p in amp.master_params(optimizer)) == (level != "O3")
+
+
+def _frozen_then_unfrozen(unfreeze_at, steps=6):
+    """O2 + torch Adam on mlp() with its first layer frozen at initialize and unfrozen before step
+    `unfreeze_at` (None: never frozen); the first layer's weights after `steps` steps."""
+    torch.manual_seed(0)
+    model = mlp()
+    if unfreeze_at is not None:
+        model[0].requires_grad_(False)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0)
+    x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    for step in range(steps):
+        if step == unfreeze_at:
+            model[0].requires_grad_(True)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+    weight = model[0].weight.detach().clone()
+    amp.deinitialize()
+    return weight
+
+
+@pytest.mark.parametrize("unfreeze_at", [0, 3])
+def test_a_param_frozen_at_initialize_and_unfrozen_later_gets_its_fp32_master_at_its_first_grad(unfreeze_at):
+    """apex made O2's masters at the first scale_loss, so a layer unfrozen before it trained in fp32 masters; without
+    one, Adam stepped the fp16 weights itself (eps 1e-8 is 0 in fp16: inf at the first step). Unfrozen before the
+    first backward it trains exactly as if it had never been frozen; unfrozen later, it moves and stays finite."""
+    weight = _frozen_then_unfrozen(unfreeze_at)
+    assert torch.isfinite(weight).all()
+    if unfreeze_at == 0:
+        assert torch.equal(weight, _frozen_then_unfrozen(None))
+    else:
+        torch.manual_seed(0)
+        assert not torch.equal(weight, mlp()[0].weight.detach().half())

@@ -36,7 +36,8 @@ rounds, most steps waited), the sweep says speed could not be measured and ranks
 final loss, memory.
 
 Statuses: ok; diverged (a non-finite loss after the first 3 steps, or a final loss above 2x the
-baseline's); failed (non-zero exit; the exception line is shown); timeout (killed with its child
+baseline's); stalled (the baseline's loss fell at least 2% and this run's by under a quarter of that:
+its updates may round away); failed (non-zero exit; the exception line is shown); timeout (killed with its child
 processes; what it measured until then is kept). Any run that is not ok makes the exit status 1.
 
 The recommendation is among the runs that are ok with a final loss at most --tolerance above the

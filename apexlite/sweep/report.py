@@ -16,7 +16,7 @@ import apexlite
 COLUMNS = (
     ("opt_level", "level", None),
     ("dtype", "dtype", None),
-    ("status", "status", "ok / diverged / failed / timeout (reasons below the table)"),
+    ("status", "status", "ok / diverged / stalled / failed / timeout (reasons below the table)"),
     ("steps", "steps", "optimizer step() calls, skipped ones included"),
     ("skipped_steps", "skipped", "steps skipped because the gradients overflowed"),
     ("step_time_ms", "ms/step", "median over the rounds of the round's step time (the median of its slice's "

@@ -9,8 +9,12 @@ from apexlite.amp.telemetry import FINAL_LOSS_WINDOW, NONFINITE_GRACE_STEPS
 from apexlite.sweep.options import TIE_MARGIN
 from apexlite.sweep.speed import SpeedTable
 
-STATUS_ORDER = ("failed", "timeout", "diverged", "ok")  # a row takes the first status any repeat had
+STATUS_ORDER = ("failed", "timeout", "diverged", "stalled", "ok")  # a row takes the first status any repeat had
 DIVERGED_LOSS_RATIO = 2.0
+# stalled: the baseline's loss fell by at least BASELINE_PROGRESS of its first loss, and this run's by less than
+# STALL_FRACTION of that fall (its updates rounded away: fp16/bf16 weights with no masters, an lr below their step)
+BASELINE_PROGRESS = 0.02
+STALL_FRACTION = 0.25
 # telemetry fields whose median over the repeats a row reports
 MEDIAN_FIELDS = ("steps", "applied_steps", "skipped_steps", "measured_steps",
                  "peak_tensor_mb", "state_bytes_per_param", "max_rss_mb", "first_loss", "final_loss",
@@ -114,6 +118,23 @@ def apply_baseline(rows: List[Dict[str, Any]], baseline: Optional[Dict[str, Any]
             row.update(status="diverged", error=f"final loss {row['final_loss']:.4g} is above "
                                                 f"{DIVERGED_LOSS_RATIO:g}x the baseline's ({base:.4g})"
                                                 + ("; known trap: " + " ".join(traps) if traps else ""))
+        elif row["status"] == "ok" and row is not baseline:
+            stall = _stalled(row, baseline)
+            if stall:
+                row.update(status="stalled", error=stall)
+
+
+def _stalled(row: Dict[str, Any], baseline: Dict[str, Any]) -> Optional[str]:
+    """Why `row` made next to no progress where the baseline made some (see STALL_FRACTION), or None."""
+    firsts = (row.get("first_loss"), baseline.get("first_loss"))
+    if None in firsts:
+        return None
+    fell, base_fell = firsts[0] - row["final_loss"], firsts[1] - baseline["final_loss"]
+    if base_fell < BASELINE_PROGRESS * abs(firsts[1]) or fell >= STALL_FRACTION * base_fell:
+        return None
+    return (f"its loss fell {fell:.4g} ({firsts[0]:.4g} -> {row['final_loss']:.4g}) where {label(baseline)}'s fell "
+            f"{base_fell:.4g}: its updates may round away (low-precision weights without fp32 masters, or a "
+            "learning rate below their resolution)")
 
 
 def _rank(row: Dict[str, Any], order: List[Tuple[str, str]]) -> Tuple[int, int]:

@@ -12,7 +12,7 @@ from apexlite.sweep.speed import SpeedTable
 def _telemetry(**fields):
     base = dict(steps=20, applied_steps=20, skipped_steps=0, measured_steps=17, step_time_ms=10.0,
                 step_time_ms_iqr=1.0, peak_tensor_mb=5.0, state_bytes_per_param=16.0, max_rss_mb=300.0,
-                first_loss=2.0, final_loss=1.0, loss_scale=1.0, casts_per_iteration=4.0, loss_calls=20,
+                first_loss=10.0, final_loss=1.0, loss_scale=1.0, casts_per_iteration=4.0, loss_calls=20,
                 nonfinite_losses=0, first_nonfinite_loss_step=None, known_traps=[], loss_curve=[[1, 2.0]],
                 skipped_at=[], peak_tensor_measure="CPU")
     base.update(fields)
@@ -170,3 +170,34 @@ def test_an_o1_run_that_cast_nothing_is_noted_and_never_recommended():
         "loss say nothing about float16 (a float64 model, or ops outside O1's lists?); it is not recommended"]
     casting = [verdict.combine([_record("O1", "float16", step_time_ms=10.0, casts_per_iteration=4.0)])]
     assert verdict.precision_notes(casting) == []
+
+
+@pytest.mark.parametrize("first,final,status", [
+    (21.271221, 21.271221, "stalled"),  # O3 bf16 with lr 1e-5: every update rounded away (the loss never moved)
+    (21.3, 21.2, "stalled"),  # fell under a quarter of the baseline's fall
+    (21.3, 21.1, "ok"),  # a quarter or more
+    (21.3, 20.0, "ok"),
+])
+def test_a_run_whose_loss_barely_fell_where_the_baselines_did_is_stalled_and_never_recommended(first, final, status):
+    """The reviewer's sweep: O0 fell from 21.30 to 20.55 over 300 steps; O3 bf16's loss stayed 21.271221, within the
+    5% tolerance of O0's final loss, and was recommended for its memory. A run that did not train is not ok."""
+    records = [_record("O0", "float32", first_loss=21.3, final_loss=20.55, step_time_ms=20.0, peak_tensor_mb=0.195),
+               _record("O3", "bfloat16", first_loss=first, final_loss=final, step_time_ms=20.0, peak_tensor_mb=0.191)]
+    rows = [verdict.combine([record]) for record in records]
+    baseline, _ = verdict.choose_baseline(rows)
+    verdict.apply_baseline(rows, baseline)
+    assert rows[1]["status"] == status
+    if status == "stalled":
+        assert "its loss fell" in rows[1]["error"] and "O0 float32's fell 0.75" in rows[1]["error"]
+        decided = verdict.recommend(rows, baseline, None, 0.05, _speed([("O0", "float32", "ok", 20.0, 20.55),
+                                                                          ("O3", "bfloat16", "ok", 20.0, 21.2)]))
+        assert (decided["opt_level"], decided["dtype"]) == ("O0", "float32")
+        assert "not considered: O3 bfloat16 (stalled)" in decided["reason"]
+
+
+def test_no_stall_is_called_where_the_baseline_itself_made_no_progress():
+    """A loss that does not fall under fp32 either (a converged fine-tune, noise) says nothing about the others."""
+    rows = _rows(("O0", "float32", "ok", 20.0, 9.9), ("O3", "bfloat16", "ok", 20.0, 10.0))
+    baseline, _ = verdict.choose_baseline(rows)
+    verdict.apply_baseline(rows, baseline)
+    assert [row["status"] for row in rows] == ["ok", "ok"]

@@ -36,7 +36,9 @@ USAGE = """usage: python -m apexlite run SCRIPT [ARGS...]
        python -m apexlite run -m MODULE [ARGS...]
 
 Runs a legacy apex script unchanged: `import apex` / `from apex import amp` / `import amp_C` resolve to
-apexlite, in the script and in every Python process it starts, and importlib.metadata reports an `apex`
+apexlite, in the script and in the Python processes it starts that inherit its environment (the hook
+travels in PYTHONPATH: a child given a fresh environment, or run with `python -I`, does not get it; the
+alias command installs it for every process of a venv), and importlib.metadata reports an `apex`
 distribution (version 0.1+apexlite) so libraries that check for apex find it. The script sees what
 `python SCRIPT` shows it: sys.argv, an absolute __file__, sys.path[0], __spec__, its tracebacks."""
 

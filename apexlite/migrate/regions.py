@@ -41,6 +41,9 @@ class RegionFinder:
         self.callers = callers
         self.analysis: Analysis = plan.analysis
         self.models = set(models)
+        # what holds a model given as a submodule (`model` of `model.top_model`, DLRM's): calling it runs that model
+        self.owners = {model.rsplit(".", depth)[0] for model in self.models
+                       for depth in range(1, model.count(".") + 1)} - self.models - {"self"}
         self.others = set(others) - self.models  # modules amp was not given whose forwards it cast (O1)
         self.marked: Set[int] = set()
         self.markers = {id(node) for node in markers}
@@ -69,7 +72,8 @@ class RegionFinder:
         return False
 
     def _calls_other(self, call: cst.Call) -> bool:
-        return bool(self.others) and self.analysis.code(call.func) in self.others
+        callee = self.analysis.code(call.func)
+        return callee in self.owners or bool(self.others) and callee in self.others
 
     def _loss_statement(self, start: cst.BaseStatement, names: Set[str]) -> Optional[cst.BaseStatement]:
         """The nearest statement before `start` (in its block, then in the enclosing blocks up to the function)
@@ -120,7 +124,7 @@ class RegionFinder:
         return self._find_from(scaled, scaled, self.analysis.loaded_names(loss), via, depth)
 
     def _find_from(self, scaled: cst.BaseStatement, anchor: cst.BaseStatement, names: Set[str], via: str,
-                   depth: int) -> bool:
+                   depth: int, climbed: bool = False) -> bool:
         """The region of a loss read through `names` before `anchor`; a loss only rescaled in a nested block
         (`loss = loss / accumulation_steps` under an `if`) is followed out to the forward that computed it."""
         loss_statement = self._loss_statement(anchor, names)
@@ -149,11 +153,11 @@ class RegionFinder:
                     starts.append(index)
                 elif not assigned & self.models:  # not the model's own construction or amp.initialize
                     earlier.append(index)
-        if not starts and after_earlier_backward:
+        if not starts and after_earlier_backward and not climbed:
             starts = [end]  # a second loss from an earlier forward pass (under its own region, below)
         if not starts and depth < 8 and not isinstance(block, cst.Module) and \
                 self._loss_statement(loss_statement, depends) is not None:
-            return self._find_from(scaled, loss_statement, depends, via, depth + 1)
+            return self._find_from(scaled, loss_statement, depends, via, depth + 1, climbed=True)
         if not starts:
             self.plan.todo(scaled, f"no forward pass of {', '.join(sorted(self.models))} found where this loss is "
                                    "computed; put the forward pass and the loss under torch.autocast yourself")

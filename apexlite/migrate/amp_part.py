@@ -155,7 +155,13 @@ def _plan_keep(unit: Unit, setup: AmpSetup, amp_uses: List[ApexUse]) -> None:
             first = use.bound[len(apis.AMP_MODULE) + 1:]
         else:
             first = None
-        if first is None or (first and first not in apis.apexlite_amp_names()):
+        spelled = use.written.split(".")
+        if first is None and spelled[:2] == ["apex", "amp"] and len(spelled) > 2 \
+                and spelled[2] in apis.apexlite_amp_names():
+            plan.todo(use.node, f"`{plan.analysis.code(use.node)}` reaches amp through the apex package, which the "
+                                f"kept script no longer imports: import amp as `from apexlite import amp` and write "
+                                f"`amp.{'.'.join(spelled[2:])}` (apexlite.amp has `{spelled[2]}`)")
+        elif first is None or (first and first not in apis.apexlite_amp_names()):
             plan.todo(use.node, f"`{plan.analysis.code(use.node)}` is not part of apexlite.amp's API; import amp as "
                                 "`from apexlite import amp` and use amp's public functions")
 

@@ -242,11 +242,6 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
         return None
     guard = read_guard(analysis, small)
     anchor = guard.outermost or call
-    for name, why in _NO_NATIVE_OPTIONS.items():
-        if bound.value(name) is not None and literal(analysis, bound.value(name)) is not None:
-            if name == "max_loss_scale" and literal(analysis, bound.value(name)) == 2.0 ** 24:
-                continue
-            plan.todo(call, f"{name} has no native equivalent: {why}")
     switch = o0_switch(analysis, bound.value("opt_level"))
     level = switch[0] if switch is not None else _level(plan, options, bound, call, anchor)
     if level is None:
@@ -288,6 +283,11 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
         return AmpSetup(use, call, small, bound.value("models"), bound.value("optimizers"), list(model_targets),
                         list(optimizer_targets), KEEP, level, dtype, "dynamic", 1, None, guard=guard, anchor=anchor,
                         kept_reason=recipe.reason)
+    for name, why in _NO_NATIVE_OPTIONS.items():  # (amp kept on apexlite honours them all)
+        if bound.value(name) is not None and literal(analysis, bound.value(name)) is not None:
+            if name == "max_loss_scale" and literal(analysis, bound.value(name)) == 2.0 ** 24:
+                continue
+            plan.todo(call, f"{name} has no native equivalent: {why}")
     if guard.conditions or flag_node is not None:
         check_guard(plan, guard, call, small, flag_node)
     num_losses = literal(analysis, bound.value("num_losses")) if bound.value("num_losses") is not None else 1

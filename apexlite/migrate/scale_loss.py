@@ -11,9 +11,8 @@ script's own "step on the last micro-batch". The autocast regions are found here
 """
 from __future__ import annotations
 
-import builtins
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import libcst as cst
 
@@ -24,7 +23,8 @@ from apexlite.migrate.edits import comment_line, expression
 from apexlite.migrate.flag_guards import FlagGuards
 from apexlite.migrate.guards import branch_calls_backward, read_guard, resolves_alike
 from apexlite.migrate.initialize import AmpSetup
-from apexlite.migrate.recipes import AUTOCAST
+from apexlite.migrate.outside_forwards import plan_outside_forwards
+from apexlite.migrate.recipes import AUTOCAST, NONE
 from apexlite.migrate.reach import Unit
 from apexlite.migrate.regions import RegionFinder, modules_in
 from apexlite.migrate.steps import plan_steps, step_calls
@@ -120,6 +120,8 @@ class ScaleLossPlanner:
         conditions amp.initialize ran under: the GradScaler is enabled exactly then, and must not step
         gradients the other branch computed unscaled."""
         analysis = unit.analysis
+        if self.setup.loss_scale == 1.0 or self.setup.recipe == NONE:
+            return True  # no GradScaler (bf16, O0): either branch's plain backward is what it always was
         for condition in read_guard(analysis, statement).conditions:
             if self.flag_guards.means_amp_on(unit, condition) or not branch_calls_backward(
                     analysis, condition, lambda call: self.flag_guards.scaled_or_amp_off(unit, call)):
@@ -223,22 +225,7 @@ class ScaleLossPlanner:
             header = self._autocast_header(unit, body[region.start])
             if header is not None:
                 unit.plan.wrap(body[region.start], body[region.end], header)
-        outside = finder.forwards_outside()
-        setup = self.setup
-        flag = f", enabled={setup.enabled}" if setup.enabled else ""
-        header = f"torch.autocast(device_type={setup.device_expr}, dtype=torch.{setup.dtype}{flag})"
-        for call in outside:
-            missing = _undefined_at(unit.analysis, call, header)
-            passing = (f" ({', '.join(f'`{name}`' for name in missing)} {'is' if len(missing) == 1 else 'are'} not "
-                       f"defined here: pass {'it' if len(missing) == 1 else 'them'} in)") if missing else ""
-            unit.plan.comment(call, f"`{unit.analysis.code(call.func)}(...)` here runs in float32 now (apex's "
-                                    f"{setup.level} ran every forward in low precision); for that, run it under `with "
-                                    f"{header}:`{passing}")
-        if outside:
-            lines = ", ".join(str(unit.analysis.line(call)) for call in outside)
-            unit.plan.notes.append(f"{len(outside)} forward pass(es) outside the training step (line {lines}: "
-                                   f"evaluation, say) run in float32 now, where apex's {setup.level} ran them in low "
-                                   "precision: a comment there says how to keep that")
+        plan_outside_forwards(unit, self.setup, finder.forwards_outside())
 
     def _autocast_header(self, unit: Unit, first: cst.BaseStatement):
         """`with torch.autocast(...)` for a region starting at `first`: its flag as amp.initialize's `if`
@@ -280,17 +267,6 @@ def _parenthesised(node: cst.BaseExpression, code: str) -> str:
     return code if isinstance(node, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)) else f"({code})"
 
 
-def _undefined_at(analysis: Any, node: cst.CSTNode, code: str) -> List[str]:
-    """The names `code` reads (besides builtins) that no scope visible at `node` defines."""
-    scope = analysis.scope(node)
-    expression = cst.parse_expression(code)
-    keywords = {id(arg.keyword) for arg in analysis.walk(expression, cst.Arg) if arg.keyword is not None}
-    attributes = {id(attr.attr) for attr in analysis.walk(expression, cst.Attribute)}
-    names = dict.fromkeys(name.value for name in analysis.walk(expression, cst.Name)
-                          if id(name) not in keywords and id(name) not in attributes)
-    return [name for name in names if name not in vars(builtins) and scope is not None and name not in scope]
-
-
 def autocast_header(setup: AmpSetup, enabled: Optional[str]):
     flag = f", enabled={enabled}" if enabled else ""
     code = f"with torch.autocast(device_type={setup.device_expr}, dtype=torch.{setup.dtype}{flag}):\n    pass\n"
@@ -329,3 +305,4 @@ def _is_backward_of(line: cst.BaseStatement, name: str) -> bool:
     call = line.body[0].value
     return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward" \
         and isinstance(call.func.value, cst.Name) and call.func.value.value == name
+

@@ -3,7 +3,8 @@ parser and symbol tables (cheap next to parsing the rewritten code with libcst a
 
 An import binds its name in the scope it runs in (a function's import in that function); the name is used
 when that scope reads it, or a scope nested in it reads it without binding its own (a class body's names
-are not seen from its methods). Names in annotations count as read even under `from __future__ import
+are not seen from its methods); an import inside an `if`, `try` or loop only where code that can run after
+it reads the name (not the other branch, whose own import binds it there). Names in annotations count as read even under `from __future__ import
 annotations` (the symbol tables skip those), string annotations included, and so do the type names in
 the strings given to `cast`, `TypeVar` and `NewType`. The import statements come in
 source order, so the import pass can match them one for one to the original tree's.
@@ -49,6 +50,38 @@ def _statements(body: List[ast.stmt], chain: Chain) -> Iterator[Tuple[ast.stmt, 
             yield from _statements(getattr(statement, field, None) or [], inner)
         for part in [*getattr(statement, "handlers", ()), *getattr(statement, "cases", ())]:
             yield from _statements(part.body, inner)
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+Segment = Tuple[List[ast.stmt], int]  # a block and where in it the statements that run next start
+
+
+def _reached(body: List[ast.stmt], after: Tuple[Segment, ...], defs: List[ast.stmt],
+             nested: bool = False) -> Iterator[Tuple[ast.stmt, Optional[List[ast.stmt]]]]:
+    """Each import with what runs after it in its scope (the rest of its block, then what follows each block
+    around it; a loop's whole body; the scope's defs, whose bodies may run later) when it is nested in an
+    `if`/`try`/loop, else None (Python's scopes alone decide); None for every other statement."""
+    scope_defs = defs if nested else [statement for statement in body if isinstance(statement, _SCOPES)]
+    for index, statement in enumerate(body):
+        rest = ((body, index + 1),) + after
+        if isinstance(statement, (ast.Import, ast.ImportFrom)) and nested:
+            yield statement, [later for block, start in rest for later in block[start:]] + scope_defs
+            continue
+        yield statement, None
+        if isinstance(statement, _SCOPES):
+            yield from _reached(statement.body, (), [])
+            continue
+        loop = ((statement.body, 0),) if isinstance(statement, (ast.For, ast.AsyncFor, ast.While)) else ()
+        for part in [getattr(statement, field, None) or [] for field in ("body", "orelse", "finalbody")] + [
+                handler.body for handler in [*getattr(statement, "handlers", ()), *getattr(statement, "cases", ())]]:
+            yield from _reached(part, loop + rest, scope_defs, nested=True)
+
+
+def _names_in(statements: List[ast.stmt]) -> Set[str]:
+    return {node.id for statement in statements for node in ast.walk(statement)
+            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Store)}
 
 
 def _names_read(tree: ast.Module) -> Tuple[Set[str], Set[str]]:
@@ -124,6 +157,7 @@ def usage_of(code: bytes) -> Optional[Usage]:
     except (SyntaxError, ValueError):
         return None
     read, annotated = _names_read(tree)
+    reached = {id(statement): after for statement, after in _reached(tree.body, (), [])}
     imports = []
     for statement, chain in _statements(tree.body, ()):
         if not isinstance(statement, (ast.Import, ast.ImportFrom)):
@@ -131,7 +165,10 @@ def usage_of(code: bytes) -> Optional[Usage]:
         table = _table(top, chain)
         bound = [alias.asname or (alias.name.split(".")[0] if isinstance(statement, ast.Import) else alias.name)
                  for alias in statement.names]
-        used = tuple(name == "*" or table is None or name in annotated or _reads(table, name) for name in bound)
+        after = reached.get(id(statement))
+        later = _names_in(after) if after is not None else None  # (an import in one branch, read in the other)
+        used = tuple(name == "*" or table is None or name in annotated or _reads(table, name) and (
+            later is None or name in later) for name in bound)
         imports.append(ImportUse(tuple(alias.name for alias in statement.names), used))
     bound = {symbol.get_name() for symbol in symbols_of(top) if symbol.is_imported() or symbol.is_assigned()}
     return Usage(tuple(imports), read | annotated, bound)

@@ -24,6 +24,16 @@ CASES = [
     ("a cast to a string type", "from typing import cast\nfrom apex.x import Y\nz = cast(\"Y\", 1)\n",
      [(True,), (True,)]),
     ("a star import counts as read", "from apex.fp16_utils import *\n", [(True,)]),
+    # an import in one branch is read only by code that can run after it: not the other branch, with its own
+    ("an import read only in the other branch", "def f(a):\n    if a:\n        from apex.parallel import D\n"
+     "        x = 1\n    else:\n        from torch.nn.parallel import D\n        x = D()\n    return x\n",
+     [(False,), (True,)]),
+    ("an import in a branch read after the if", "def f(a):\n    if a:\n        from apex import amp\n"
+     "    else:\n        amp = None\n    return amp\n", [(True,)]),
+    ("an import in a loop read at the top of the next iteration", "for i in range(2):\n    if i:\n"
+     "        print(amp)\n    from apex import amp\n", [(True,)]),
+    ("an import in a try read by a function defined before it", "def f():\n    return amp\ntry:\n"
+     "    from apex import amp\nexcept ImportError:\n    pass\n", [(True,)]),
 ]
 
 

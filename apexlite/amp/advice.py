@@ -61,8 +61,10 @@ def find_known_traps(properties: Any, optimizers: Sequence[Any], low_dtype: torc
             messages.append(
                 f"{level} in float16 with torch.optim.{name}(eps={small[0]:g}) diverges: the optimizer "
                 f"works on fp16 weights, where eps={small[0]:g} rounds to 0 and sqrt(v) underflows, so "
-                "the update becomes 0/0 = NaN within a few steps. Use opt_level='O2' (fp32 master "
-                f"weights), or eps>={MIN_FP16_EPS:g}, or dtype=torch.bfloat16."
+                "the update becomes 0/0 = NaN within a few steps. Use "
+                + ("master_weights=True (fp32 master weights)" if level == "O2" else
+                   "opt_level='O2' (fp32 master weights)")
+                + f", or eps>={MIN_FP16_EPS:g}, or dtype=torch.bfloat16."
             )
     return messages
 

@@ -33,6 +33,7 @@ import torch
 
 from apexlite.amp.plain_grads import PlainGrads, optimizer_params
 from apexlite.amp.checks import sparse_grad_error
+from apexlite.amp.errors import AmpUsageError
 from apexlite.amp.grad_strategy import spread
 from apexlite.amp.checkpoint_convert import without_marker
 from apexlite.amp.master import LOW_PRECISION, MASTERS_KEY, check_saved_masters, copy_into
@@ -64,6 +65,7 @@ class FusedMasterGrads:
         self._grads_scale = 1.0  # fast mode: the loss scale every current grad carries
         self._fp32_mode = False
         self._masters_read = False  # amp.master_params was read: every backward enters fp32 mode
+        self._posted = False  # a scale_loss block ended since the last step or zero_grad
         self._stash: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._grad_sample: List[torch.Tensor] = []  # model_grad_sample: from the last post
         self._set_grad_scale = False
@@ -108,6 +110,7 @@ class FusedMasterGrads:
                 param.grad = None
 
     def post(self, scaler: LossScaler) -> None:
+        self._posted = True
         fresh = [grad for grad in (p.grad for p in optimizer_params(self.optimizer)) if grad is not None]
         if any(grad.is_sparse for grad in fresh):
             raise sparse_grad_error()
@@ -181,6 +184,12 @@ class FusedMasterGrads:
 
     def before_step(self) -> None:
         self.sync_from_model()
+        if not self._posted and any(param.grad is not None for param in self._half_params()):
+            raise AmpUsageError(
+                "optimizer.step() found grads on the model's low-precision params, but no amp.scale_loss block "
+                "made them since the last step (O2): a backward outside scale_loss carries no loss scale, which the "
+                "step would still divide out. Run it as `with amp.scale_loss(loss, optimizer) as scaled_loss: "
+                "scaled_loss.backward()`.")
         self.update_finished = False
         if not self._fp32_mode and self._grads_scale != 1.0:
             self.optimizer.grad_scale = self._grads_scale
@@ -205,6 +214,7 @@ class FusedMasterGrads:
 
     def finish_step(self) -> None:
         """Remove the step's inputs and return to fast mode (the step ran or was skipped; teardown)."""
+        self._posted = False
         self._remove_step_inputs()
         self._leave_fp32_mode()
 
@@ -252,6 +262,7 @@ class FusedMasterGrads:
         """The optimizer's own zero_grad, which also drops the masters' fp32 grads."""
         self.sync_from_model()
         self._leave_fp32_mode()
+        self._posted = False
         if set_to_none is None:
             self._zero_grad()
         else:

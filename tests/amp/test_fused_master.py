@@ -311,3 +311,29 @@ def test_accumulating_steps_leave_the_flat_buffers_alone_until_a_plain_step(capl
             opt.zero_grad()
             rebuilds.append(sum("flat buffers" in record.getMessage() for record in caplog.records))
     assert rebuilds == [0] * 8 + [1, 0, 0]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_backward_outside_scale_loss_is_refused_at_the_step_on_both_o2_paths(fused):
+    """The separate-masters path found no master grads and refused; the fused path divided the unscaled grads by
+    the last loss scale. Both refuse now, before anything changes, and a scaled backward then steps as usual."""
+    torch.manual_seed(0)
+    model = mlp()
+    opt = FusedAdam(model.parameters(), lr=1e-2)
+    opt.amp_fused_master_step = fused
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    loss = model(torch.randn(8, 4).half()).float().pow(2).mean()
+    with amp.scale_loss(loss, opt) as scaled:
+        scaled.backward()
+    opt.step()
+    opt.zero_grad()
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.randn(8, 4).half()).float().pow(2).mean().backward()
+    with pytest.raises(amp.AmpUsageError, match="scale_loss"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    opt.zero_grad()
+    with amp.scale_loss(model(torch.randn(8, 4).half()).float().pow(2).mean(), opt) as scaled:
+        scaled.backward()
+    opt.step()
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -86,7 +86,7 @@ def _print_text(script: str, rows: List[Row], program: Optional[Program] = None)
     if counts[api_status.RAISES_AT_O1]:
         summary += f", {counts[api_status.RAISES_AT_O1]} raise at O1 with fp16/bf16 inputs (see the fix above)"
     if counts[api_status.RAISES]:
-        summary += f", {counts[api_status.RAISES]} raise whenever they run (see above)"
+        summary += f", {counts[api_status.RAISES]} raise when they run as written (see above)"
     print(summary)
 
 

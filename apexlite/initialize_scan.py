@@ -1,7 +1,8 @@
 """What `check` can tell from a script's `amp.initialize(...)` calls before running it: options apexlite
 refuses (`opt_level="01"`, `keep_batchnorm_fp32="yes"`, keep_batchnorm_fp32 at O1, ...), read from their
-literal values and validated by the same functions `amp.initialize` runs, and `optimizer.step(closure)` on
-an optimizer initialize returned. Values that are not literals are left to the run.
+literal values (or a module constant bound once, or an argparse default, which the row names) and validated by
+the same functions `amp.initialize` runs, and `optimizer.step(closure)` on an optimizer initialize returned.
+Other values are left to the run.
 """
 from __future__ import annotations
 
@@ -38,20 +39,71 @@ def _literal(node: ast.AST) -> Any:
         return _UNKNOWN
 
 
-def _arguments(call: ast.Call) -> Optional[Dict[str, Any]]:
-    """initialize's arguments by name, literals only; None when *args/**kwargs hide which is which."""
+class Defaults:
+    """What a script's names stand for before it runs: module-level names bound once to a literal
+    (`OPT_LEVEL = "O1"`), and `args.X` where an argparse option with dest X has a literal default."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        stored: Dict[str, int] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                stored[node.id] = stored.get(node.id, 0) + 1
+        self.constants = {statement.targets[0].id: _literal(statement.value) for statement in tree.body
+                          if isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                          and isinstance(statement.targets[0], ast.Name) and stored[statement.targets[0].id] == 1}
+        self.options: Dict[str, Tuple[str, Any]] = {}  # dest -> (the option's flag, its default)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+                flags = [arg.value for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+                keywords = {keyword.arg: keyword.value for keyword in node.keywords}
+                if not flags or "default" not in keywords:
+                    continue
+                long = next((flag for flag in flags if flag.startswith("--")), flags[0])
+                dest = _literal(keywords["dest"]) if "dest" in keywords else long.lstrip("-").replace("-", "_")
+                self.options[dest] = (long, _literal(keywords["default"]))
+
+    def value(self, node: ast.AST) -> Tuple[Any, Optional[str]]:
+        """(the value, the argparse option it is the default of, if it is one), or (_UNKNOWN, None)."""
+        value = _literal(node)
+        if value is not _UNKNOWN:
+            return value, None
+        if isinstance(node, ast.Name):
+            return self.constants.get(node.id, _UNKNOWN), None
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.attr in self.options:
+            flag, default = self.options[node.attr]
+            return default, f"{flag} {default!r}" if default is not _UNKNOWN else None
+        return _UNKNOWN, None
+
+
+def _arguments(call: ast.Call, defaults: Optional[Defaults] = None) -> Optional[Tuple[Dict[str, Any], List[str]]]:
+    """initialize's arguments by name (literals, or what `defaults` resolves), and the argparse defaults used;
+    None when *args/**kwargs hide which is which."""
     if any(isinstance(arg, ast.Starred) for arg in call.args) or any(k.arg is None for k in call.keywords):
         return None
     named = dict(zip(_PARAMETERS, call.args))
     named.update({keyword.arg: keyword.value for keyword in call.keywords})
-    return {name: _literal(node) for name, node in named.items()}
+    values, used = {}, []
+    for name, node in named.items():
+        values[name], option = defaults.value(node) if defaults is not None else (_literal(node), None)
+        if option is not None:
+            used.append(option)
+    return values, used
 
 
-def refusal(call: ast.Call) -> Optional[str]:
-    """Why `amp.initialize` would raise for this call's literal options, or None when it cannot tell."""
-    given = _arguments(call)
-    if given is None:
+def refusal(call: ast.Call, defaults: Optional[Defaults] = None) -> Optional[str]:
+    """Why `amp.initialize` would raise for this call's options, or None when it cannot tell; options that are
+    argparse defaults are named (the run may pass others)."""
+    found = _arguments(call, defaults)
+    if found is None:
         return None
+    given, options = found
+    why = _refusal(call, given)
+    if why is None or not options:
+        return why
+    return f"with the script's defaults ({', '.join(options)}): {why}"
+
+
+def _refusal(call: ast.Call, given: Dict[str, Any]) -> Optional[str]:
     known = {name: value for name, value in given.items() if value is not _UNKNOWN}
     if isinstance(call.args[0] if call.args else None, ast.Tuple):
         return "models given as a tuple: pass one model or a list of models"
@@ -91,7 +143,8 @@ def problems(tree: ast.Module, aliases: Dict[str, str]) -> List[Row]:
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
              and _resolves_to(node.func, aliases) == INITIALIZE]
     rows: List[Row] = []
-    refused = {call.lineno: refusal(call) for call in calls}
+    defaults = Defaults(tree)
+    refused = {call.lineno: refusal(call, defaults) for call in calls}
     for line, why in sorted((line, why) for line, why in refused.items() if why is not None):
         rows.append((CALL_ROW, [line], f"{api_status.RAISES}: amp.initialize raises here: {why}"))
     returned = {_dotted(target) for node in ast.walk(tree) if isinstance(node, ast.Assign)

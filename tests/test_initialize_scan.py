@@ -35,6 +35,17 @@ CASES = [
      "optimizer.step()\n", None, None),
     ("level-from-a-variable", 'level = "O1"\nmodel, optimizer = amp.initialize(model, optimizer, opt_level=level)\n'
      + TRAIN + "optimizer.step()\n", None, None),
+    ("o1-keep-batchnorm-from-a-constant", 'LEVEL = "O1"\nmodel, optimizer = amp.initialize(model, optimizer, '
+                                          'opt_level=LEVEL, keep_batchnorm_fp32=True)\n', api_status.RAISES,
+     AmpConfigError),
+    ("o1-keep-batchnorm-from-an-argparse-default",
+     'import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument("--opt-level", default="O1")\n'
+     'args = parser.parse_args([])\nmodel, optimizer = amp.initialize(model, optimizer, opt_level=args.opt_level, '
+     'keep_batchnorm_fp32=True)\n', api_status.RAISES, AmpConfigError),
+    ("a-name-bound-twice-is-left-to-the-run", 'LEVEL = "O1"\nLEVEL = "O2"\nmodel, optimizer = amp.initialize('
+                                              'model, optimizer, opt_level=LEVEL, keep_batchnorm_fp32=True, '
+                                              'cast_model_type=torch.bfloat16)\n' + TRAIN + "optimizer.step()\n",
+     None, None),
     ("step-with-closure", 'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n' + TRAIN +
      "optimizer.step(lambda: 0.0)\n", api_status.RAISES, AmpUsageError),
     ("o2-clip-of-model-params", 'model, optimizer = amp.initialize(model, optimizer, opt_level="O2", '
@@ -74,5 +85,12 @@ def test_a_raising_call_fails_checks_exit_status_and_names_its_line(tmp_path, ca
     assert check.main([str(script)]) == 1
     out = capsys.readouterr().out
     assert "apex.amp.initialize(...)  line 5: raises: amp.initialize raises here: " in out
-    assert "letter O, not the number zero" in out and "1 raise whenever they run" in out
+    assert "letter O, not the number zero" in out and "1 raise when they run as written" in out
     assert torch.nn.functional.linear is torch._C._nn.linear  # reading a script patches nothing
+
+
+def test_a_refusal_that_rests_on_an_argparse_default_says_so():
+    """The run may pass another --opt-level: the row names the default it judged."""
+    source = HEAD + CASES[[case[0] for case in CASES].index("o1-keep-batchnorm-from-an-argparse-default")][1]
+    (row,) = _new_rows(source)
+    assert "with the script's defaults (--opt-level 'O1')" in row[2]

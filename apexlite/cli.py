@@ -47,9 +47,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if command not in COMMANDS:
         sys.stderr.write(f"apexlite: unknown command {command!r}\n{_usage()}\n")
         return 2
-    from apexlite.switches import refused_values
+    from apexlite.switch_values import refused_values as refused_settings
+    from apexlite.switches import HONOURS, PASSES, refused_values, switch_roles
 
     refused = refused_values(os.environ)
+    refused += refused_settings(name for name, role in switch_roles(command).items() if role in (HONOURS, PASSES))
     if refused:
         sys.stderr.write("".join(f"apexlite {command}: {reason}\n" for reason in refused))
         return 2

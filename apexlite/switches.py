@@ -92,6 +92,11 @@ def refused_values(environ: Mapping[str, str]) -> List[str]:
     return refused
 
 
+def switch_roles(command: str) -> Dict[str, str]:
+    """What `command` does with each switch it uses (HONOURS, SETS or PASSES)."""
+    return COMMANDS.get(command, {})
+
+
 def by_name() -> Dict[str, Switch]:
     return {switch.name: switch for switch in SWITCHES}
 

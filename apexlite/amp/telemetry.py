@@ -105,6 +105,7 @@ class RunStats:
         self._recent_losses: collections.deque = collections.deque(maxlen=FINAL_LOSS_WINDOW)
         self._nonfinite_losses: Optional[torch.Tensor] = None  # device-side count, no sync per step
         self._last_step_end = time.perf_counter()
+        self._own_time = 0.0  # the bookkeeping of record_loss/record_casts since the last step ended
         self._last_flush = -math.inf
         self.memory_probe_step = max(self.warmup_steps, MEMORY_PROBE_MIN_STEP)
         self._probe: Optional[StepMemoryProbe] = None
@@ -129,7 +130,10 @@ class RunStats:
 
     # --- recording (called by scale_loss, the session and AmpOptimizer) ---------------------------
     def record_loss(self, loss: torch.Tensor, scale: Optional[float] = None) -> None:
-        """One loss given to scale_loss, and the loss scale that multiplies it (a host float: no sync)."""
+        """One loss given to scale_loss, and the loss scale that multiplies it (a host float: no sync). Its
+        time is left out of the step's (the tensor ops here cost tens of microseconds a step on a CPU, which
+        would pull a sweep's speed ratios towards 1 on small steps)."""
+        started = time.perf_counter()
         self.scale_loss_calls += 1
         value = loss.detach()
         if self.first_loss is None:
@@ -142,9 +146,16 @@ class RunStats:
         if self.total_steps >= NONFINITE_GRACE_STEPS:
             bad = torch.isfinite(value).logical_not().sum()
             self._nonfinite_losses = bad if self._nonfinite_losses is None else self._nonfinite_losses + bad
+        self._own_time += time.perf_counter() - started
 
     def record_casts(self, cache: Any) -> None:
-        """Runs where a scale_loss block ends: after backward and unscaling, before the step."""
+        """Runs where a scale_loss block ends: after backward and unscaling, before the step (its time is left
+        out of the step's, as record_loss's)."""
+        started = time.perf_counter()
+        self._record_casts(cache)
+        self._own_time += time.perf_counter() - started
+
+    def _record_casts(self, cache: Any) -> None:
         if cache.casts:
             self.iterations_with_casts += 1
             self.total_casts += cache.casts
@@ -169,7 +180,8 @@ class RunStats:
 
     def _sample_step(self, skipped: bool) -> None:
         step = self.total_steps
-        interval = time.perf_counter() - self._last_step_end
+        interval = time.perf_counter() - self._last_step_end - self._own_time
+        self._own_time = 0.0
         if skipped:
             self.skipped_at.add(step)
         if self.known_traps is None:

@@ -27,13 +27,16 @@ def _detail(item: FileMigration, written: Optional[str]) -> str:
     return detail
 
 
-def _todo_lines(item: FileMigration) -> List[str]:
+def _todo_lines(item: FileMigration, written: Optional[str]) -> List[str]:
+    """Each TODO where it is: at its line in the written file (the TODO comment), else at the original's."""
     if item.result is None or item.error is not None and not item.result.todos:
         return []
     out = []
     for todo, line in zip(item.result.todos, item.result.todo_lines):
-        where = item.location(line, True) if line else item.location(todo.line, False)
-        out.append(f"  TODO {item.path} {where}: {todo.message}")
+        if line and written is not None:
+            out.append(f"  TODO {written} {item.location(line, True)}: {todo.message}")
+        else:
+            out.append(f"  TODO {item.path} {item.location(todo.line, False)}: {todo.message}")
     return out
 
 
@@ -74,7 +77,7 @@ def format_summary(files: List[FileMigration], found: Collection, written: Dict[
             rows.append([item.path, outcome, count, _detail(item, written.get(item.path))])
         lines += format_table(rows, ["file", "result", "TODOs", "details"])
     for item in files:
-        lines += _todo_lines(item)
+        lines += _todo_lines(item, written.get(item.path))
     lines += _rerun_line(files)
     kept: Dict[str, List[str]] = {}  # why -> the files kept on apexlite for it
     for item in files:

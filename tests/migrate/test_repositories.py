@@ -267,3 +267,20 @@ def test_verify_in_place_runs_the_original_before_it_is_overwritten(tmp_path, ca
     assert status == 0, out
     assert "verify: original (apexlite run, O1): ok, 3 steps" in out and "verdict: AGREE" in out
     assert b"from apex" not in script.read_bytes()
+
+
+def test_a_folders_todo_is_reported_where_its_comment_was_written(repo, tmp_path, capsys):
+    """With -o, the report names the written file and the line of its TODO comment (it named the original's path
+    with the written file's line, which pointed into unrelated code of a long file); without output, the original's
+    path and line."""
+    out_dir = tmp_path / "migrated"
+    cli.main([str(repo), "-o", str(out_dir)])
+    todo = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  TODO "))
+    written = out_dir / "pkg" / "dynamic.py"
+    assert todo.startswith(f"  TODO {written} line ")
+    line = int(todo.split(" line ")[1].split(":")[0])
+    assert written.read_text().splitlines()[line - 1].lstrip().startswith("# TODO(apexlite migrate): opt_level")
+    cli.main([str(repo)])
+    todo = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  TODO "))
+    source_line = int(todo.split(" line ")[1].split(":")[0])
+    assert "amp.initialize" in (repo / "pkg" / "dynamic.py").read_text().splitlines()[source_line - 1]

@@ -47,6 +47,8 @@ class AmpOptimizer(ApexStashLists):
         self._hooked_depth = 0  # nesting of hooked steps (a subclass's step calling its base's step)
         self._model_grad_versions: List[Tuple[torch.Tensor, int]] = []  # O2: the half grads scale_loss left
         self._warned_model_grads_changed = False
+        self._warned_mixed_scales = False  # delay_unscale grads of one loss scale unscaled with another
+        self._delayed_scales: set = set()  # the loss scales of the grads delay_unscale left scaled
 
     # apex exposed this on `optimizer._amp_stash`; some libraries read it
     @property
@@ -85,8 +87,21 @@ class AmpOptimizer(ApexStashLists):
 
     def post_backward(self, scaler: LossScaler, delay_unscale: bool) -> None:
         if delay_unscale:
+            if not self.params_have_scaled_gradients:
+                self._delayed_scales = set()
+            self._delayed_scales.add(scaler.loss_scale())
             self.params_have_scaled_gradients = True
             return
+        if self.params_have_scaled_gradients and self._delayed_scales - {scaler.loss_scale()} \
+                and not self._warned_mixed_scales:
+            self._warned_mixed_scales = True
+            current = scaler.loss_scale()
+            off = ", ".join(f"{scale / current:g}x too large" if scale > current else f"{current / scale:g}x too small"
+                            for scale in sorted(self._delayed_scales - {current}))
+            log.warning("amp: %s's grads kept scaled by delay_unscale=True carry loss scale(s) %s, and this "
+                        "scale_loss unscales them all with its own, %s, as apex did: they come out %s. Use one "
+                        "loss_id for the blocks of an accumulation, or delay_unscale=False (said once per "
+                        "optimizer)", type(self.optimizer).__name__, sorted(self._delayed_scales), current, off)
         self.grads.post(scaler)
         self.params_have_scaled_gradients = False
         if self.has_masters and not self._warned_model_grads_changed:

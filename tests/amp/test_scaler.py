@@ -253,3 +253,25 @@ def test_loading_a_state_over_a_static_scale_says_it_replaces_it(caplog):
         assert current_session().loss_scalers[0].loss_scale() == 65536.0
     finally:
         amp.deinitialize()
+
+
+@pytest.mark.parametrize("second_scale,warned", [(1024.0, "64x too large"), (65536.0, None)])
+def test_delay_unscale_across_loss_ids_of_different_scales_is_warned_once(caplog, second_scale, warned):
+    """apex unscaled every delayed grad with the closing block's scale (handle.py); apexlite does the same, and
+    says so once when the delayed grads carried another scale (the reviewer's grads came out 37-48x too large)."""
+    model, opt = _model_and_opt(torch.optim.SGD, opt_level="O1", dtype=torch.float16, num_losses=2)
+    try:
+        scalers = current_session().loss_scalers
+        scalers[1]._loss_scale = second_scale
+        with caplog.at_level(logging.WARNING, logger="apexlite"):
+            for _ in range(2):
+                for loss_id, delay in ((0, True), (1, False)):
+                    loss = model(torch.randn(3, 4)).float().pow(2).mean()
+                    with amp.scale_loss(loss, opt, loss_id=loss_id, delay_unscale=delay) as scaled:
+                        scaled.backward()
+                opt.step()
+                opt.zero_grad()
+        said = [record.getMessage() for record in caplog.records if "delay_unscale=True" in record.getMessage()]
+        assert said == ([] if warned is None else [said[0]]) and (warned is None or warned in said[0])
+    finally:
+        amp.deinitialize()

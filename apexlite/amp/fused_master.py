@@ -35,8 +35,8 @@ from apexlite.amp.plain_grads import PlainGrads, optimizer_params
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.errors import AmpUsageError
 from apexlite.amp.grad_strategy import spread
-from apexlite.amp.checkpoint_convert import without_marker
-from apexlite.amp.master import LOW_PRECISION, MASTERS_KEY, check_saved_masters, copy_into
+from apexlite.amp.checkpoint_convert import MASTERS_KEY, without_marker
+from apexlite.amp.master_copies import LOW_PRECISION, check_saved_masters, copy_into
 from apexlite.amp.master_sync import MasterSync
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.optimizer_step import register_first_post_hook

@@ -20,6 +20,8 @@ from libcst.metadata import (
 )
 
 from apexlite.migrate import apis
+from apexlite.migrate.dotted import base_name, dotted_text
+from apexlite.migrate.import_reach import reached_by_apex_import
 from apexlite.migrate.lines import LineIndex
 
 Block = Union[cst.Module, cst.IndentedBlock]
@@ -266,7 +268,7 @@ class Analysis(cst.MetadataDependent):
 
     def _apex_name(self, name: cst.Name, qualified: Set[QualifiedName], star: Dict[str, str]) -> Optional[str]:
         imported = [q.name for q in qualified if q.source is QualifiedNameSource.IMPORT and apis.is_apex_name(q.name)]
-        if imported and len(imported) < len(qualified) and not self._reached_by_apex_import(name):
+        if imported and len(imported) < len(qualified) and not reached_by_apex_import(self, name):
             return None  # `else: from torch.nn.parallel import DistributedDataParallel` binds it here
         if imported:
             return sorted(imported)[0]
@@ -275,26 +277,6 @@ class Analysis(cst.MetadataDependent):
             if scope is not None and not scope[name.value]:
                 return f"{star[name.value]}.{name.value}"
         return None
-
-    def _reached_by_apex_import(self, name: cst.Name) -> bool:
-        """For a name bound by several imports (apex's in one branch, torch's in another): whether the nearest one
-        before `name` in the blocks around it imports from apex (True where none is found that way)."""
-        scope = self.scope(name)
-        position = self.position(name)
-        reaching = []
-        for assignment in (scope[name.value] if scope is not None else ()):
-            node = getattr(assignment, "node", None)
-            if not isinstance(node, (cst.Import, cst.ImportFrom)) or self.position(node) > position:
-                continue
-            block = self.parent(self.statement_of(node))
-            if block is not None and (isinstance(block, cst.Module) or self.within(name, block)):
-                reaching.append(node)
-        if not reaching:
-            return True
-        nearest = max(reaching, key=self.position)
-        module = dotted_text(nearest.module) if isinstance(nearest, cst.ImportFrom) and nearest.module else ""
-        return apis.is_apex_name(module) if isinstance(nearest, cst.ImportFrom) else any(
-            apis.is_apex_name(dotted_text(alias.name) or "") for alias in nearest.names)
 
     def _star_imported(self) -> Dict[str, str]:
         """name -> apex module, for names bound by `from apex... import *`."""
@@ -329,22 +311,6 @@ def _walk(node: cst.CSTNode, kinds) -> Iterator[cst.CSTNode]:
         if isinstance(current, kinds):
             yield current
         stack.extend(reversed(current.children))
-
-
-def dotted_text(node: cst.CSTNode) -> Optional[str]:
-    """`a.b.c` for a pure Name/Attribute chain, else None."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        head = dotted_text(node.value)
-        return None if head is None else f"{head}.{node.attr.value}"
-    return None
-
-
-def base_name(node: cst.CSTNode) -> Optional[cst.Name]:
-    while isinstance(node, cst.Attribute):
-        node = node.value
-    return node if isinstance(node, cst.Name) else None
 
 
 def parse(source: bytes) -> Tuple[MetadataWrapper, Analysis]:

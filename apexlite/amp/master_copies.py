@@ -1,0 +1,44 @@
+"""What both O2 grad strategies (master.py, fused_master.py) do with fp32 masters as tensors: which dtypes get
+one, copying them into the model all or nothing, and checking a checkpoint's masters before loading them."""
+from __future__ import annotations
+
+from typing import Any, List
+
+import torch
+
+from apexlite.amp.checkpoint_convert import MASTERS_KEY
+from apexlite.amp.errors import AmpUsageError
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def copy_into(targets: List[torch.Tensor], sources: List[torch.Tensor]) -> None:
+    """Copy each source into its target. If the batched copy raises, every target is still copied
+    (one by one) before the error propagates: a model is never left part on one step, part on another."""
+    if not targets:
+        return
+    with torch.no_grad():
+        try:
+            torch._foreach_copy_(targets, sources)
+        except BaseException:
+            for target, source in zip(targets, sources):
+                target.copy_(source)
+            raise
+
+
+def check_saved_masters(saved: Any, targets: List[torch.Tensor]) -> None:
+    """Checkpointed fp32 masters must match the live ones in count and shapes (checked before loading)."""
+    if not isinstance(saved, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in saved):
+        raise AmpUsageError(f"optimizer checkpoint entry {MASTERS_KEY!r} must be a list of tensors; "
+                            f"got {type(saved).__name__}.")
+    if len(saved) != len(targets):
+        raise AmpUsageError(
+            f"optimizer checkpoint holds {len(saved)} fp32 master weights but this O2 optimizer has "
+            f"{len(targets)}: it was saved from a different model or param-group layout."
+        )
+    for index, (tensor, target) in enumerate(zip(saved, targets)):
+        if tensor.shape != target.shape:
+            raise AmpUsageError(
+                f"optimizer checkpoint master {index} has shape {tuple(tensor.shape)} but this O2 optimizer's "
+                f"has {tuple(target.shape)}: it was saved from a different model."
+            )

@@ -31,9 +31,9 @@ def _loss_scale() -> None:
 
 def _count(name: str, minimum: int) -> Callable[[], None]:
     def check() -> None:
-        from apexlite.amp.telemetry import _env_int
+        from apexlite.amp.telemetry import env_count
 
-        _env_int(name, minimum)
+        env_count(name, minimum)
 
     return check
 

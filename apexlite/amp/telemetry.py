@@ -57,7 +57,9 @@ class StepBudgetReached(SystemExit):
         self.steps = steps
 
 
-def _env_int(name: str, minimum: int) -> Optional[int]:
+def env_count(name: str, minimum: int) -> Optional[int]:
+    """The whole number in environment variable `name` (None when unset), refused below `minimum`; switch_values.py
+    checks the switches with it before a command starts."""
     value = os.environ.get(name, "").strip()
     if not value:
         return None
@@ -83,8 +85,8 @@ class RunStats:
 
     def __init__(self, keep_samples: bool = False) -> None:
         self.keep_samples = keep_samples
-        self.max_steps = _env_int(MAX_STEPS_ENV, 1)
-        warmup = _env_int(WARMUP_ENV, 0)
+        self.max_steps = env_count(MAX_STEPS_ENV, 1)
+        warmup = env_count(WARMUP_ENV, 0)
         self.warmup_steps = DEFAULT_WARMUP_STEPS if warmup is None else warmup
         self.scale_loss_calls = 0
         self.steps = 0

@@ -307,10 +307,10 @@ def test_the_telemetrys_own_bookkeeping_is_left_out_of_the_step_times(monkeypatc
     stats = RunStats(keep_samples=True)
     monkeypatch.setattr(torch, "isfinite", slow_isfinite)
     for index in range(12):
+        stats.record_loss(torch.tensor(1.0))  # at least 30 ms (the sleep), however loaded the machine
         started = time.perf_counter()
-        stats.record_loss(torch.tensor(1.0))
-        while time.perf_counter() - started < 0.04:  # the script's own step: at least 10 ms past the bookkeeping
+        while time.perf_counter() - started < 0.005:  # the script's own step: 5 ms
             pass
         stats.record_step(skipped=False)
     timed = stats.step_times.values
-    assert timed and all(0.008 < value < 0.03 for value in timed), timed
+    assert timed and all(0.005 <= value < 0.03 for value in timed), timed

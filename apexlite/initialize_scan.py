@@ -1,8 +1,9 @@
 """What `check` can tell from a script's `amp.initialize(...)` calls before running it: options apexlite
 refuses (`opt_level="01"`, `keep_batchnorm_fp32="yes"`, keep_batchnorm_fp32 at O1, ...), read from their
 literal values (or a module constant bound once, or an argparse default, which the row names) and validated by
-the same functions `amp.initialize` runs, and `optimizer.step(closure)` on an optimizer initialize returned.
-Other values are left to the run.
+the same functions `amp.initialize` runs; a half model or an FP16_Optimizer handed to it
+(apexlite.initialize_inputs); and `optimizer.step(closure)` on an optimizer initialize returned. Other values
+are left to the run.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from apexlite import api_status
+from apexlite import api_status, initialize_inputs
 from apexlite.amp import checks
 from apexlite.amp.environment import parse_dtype, settle_model_dtype
 from apexlite.amp.frontend import initialize
@@ -21,6 +22,7 @@ from apexlite.amp.opt_levels import resolve_properties
 Row = Tuple[str, List[int], str]
 INITIALIZE = "apex.amp.initialize"
 CALL_ROW = "apex.amp.initialize(...)"
+FP16_OPTIMIZERS = ("apex.fp16_utils.FP16_Optimizer", "apex.fp16_utils.fp16_optimizer.FP16_Optimizer")
 STEP_ROW = "optimizer.step(closure)"
 O2_CLIP_ROW = "clip of model.parameters() at O2"
 CLIP_FUNCTIONS = ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grad_value")
@@ -147,6 +149,9 @@ def problems(tree: ast.Module, aliases: Dict[str, str]) -> List[Row]:
     refused = {call.lineno: refusal(call, defaults) for call in calls}
     for line, why in sorted((line, why) for line, why in refused.items() if why is not None):
         rows.append((CALL_ROW, [line], f"{api_status.RAISES}: amp.initialize raises here: {why}"))
+    rows.extend(initialize_inputs.problems(
+        tree, lambda func: _resolves_to(func, aliases) == INITIALIZE,
+        lambda node: isinstance(node, ast.Call) and _resolves_to(node.func, aliases) in FP16_OPTIMIZERS, CALL_ROW))
     returned = {_dotted(target) for node in ast.walk(tree) if isinstance(node, ast.Assign)
                 and any(node.value is call for call in calls)
                 for outer in node.targets for target in (outer.elts if isinstance(outer, ast.Tuple) else [outer])}

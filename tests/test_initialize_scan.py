@@ -54,6 +54,32 @@ CASES = [
     ("o2-clip-of-master-params", 'model, optimizer = amp.initialize(model, optimizer, opt_level="O2", '
                                  'cast_model_type=torch.bfloat16)\n' + TRAIN +
      "torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)\noptimizer.step()\n", None, None),
+    ("half-model", 'model.half()\nmodel, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n',
+     api_status.RAISES, AmpUsageError),
+    ("half-model-by-to", 'model = model.to(torch.float16)\nmodel, optimizer = amp.initialize(model, optimizer, '
+                         'opt_level="O2")\n', api_status.RAISES, AmpUsageError),
+    ("bf16-model-in-a-list", 'other = torch.nn.Linear(2, 2).bfloat16()\nmodels, optimizer = amp.initialize('
+                             '[model, other], optimizer, opt_level="O1")\n', api_status.RAISES, AmpUsageError),
+    ("half-in-the-call", 'model, optimizer = amp.initialize(model.half(), optimizer, opt_level="O3")\n',
+     api_status.RAISES, AmpUsageError),
+    ("half-then-rebuilt", 'model.half()\nmodel = torch.nn.Linear(2, 2)\noptimizer = torch.optim.SGD('
+                          'model.parameters(), lr=0.1)\nmodel, optimizer = amp.initialize(model, optimizer, '
+                          'opt_level="O1")\n' + TRAIN + "optimizer.step()\n", None, None),
+    ("half-in-another-function", 'def fp16_copy(model):\n    model.half()\n'
+                                 'model, optimizer = amp.initialize(model, optimizer, opt_level="O1")\n' + TRAIN +
+     "optimizer.step()\n", None, None),
+    ("half-under-a-branch-not-taken", 'fp16 = False\nif fp16:\n    model.half()\nmodel, optimizer = '
+                                      'amp.initialize(model, optimizer, opt_level="O1")\n' + TRAIN +
+     "optimizer.step()\n", api_status.DIFFERS, None),
+    ("half-under-a-branch-taken", 'fp16 = True\nif fp16:\n    model.half()\nmodel, optimizer = '
+                                  'amp.initialize(model, optimizer, opt_level="O1")\n', api_status.DIFFERS,
+     AmpUsageError),
+    ("half-and-initialize-under-one-branch", 'if True:\n    model.half()\n    model, optimizer = '
+                                             'amp.initialize(model, optimizer, opt_level="O1")\n',
+     api_status.RAISES, AmpUsageError),
+    ("fp16-optimizer", 'from apex.fp16_utils import FP16_Optimizer\noptimizer = FP16_Optimizer(optimizer, '
+                       'static_loss_scale=128.0)\nmodel, optimizer = amp.initialize(model, optimizer, '
+                       'opt_level="O1")\n', api_status.RAISES, AmpUsageError),
 ]
 NEW_ROWS = ("apex.amp.initialize(...)", "optimizer.step(closure)", "clip of model.parameters() at O2")
 
@@ -68,7 +94,7 @@ def test_the_scan_agrees_with_the_run(body, kind, raised):
     rows = _new_rows(source)
     assert [row[2].split(":", 1)[0] for row in rows] == ([kind] if kind else [])
     namespace = {}
-    runnable = source.replace("from apex import amp\n", "")
+    runnable = source.replace("from apex import amp\n", "").replace("from apex.", "from apexlite.compat.apex.")
     try:
         if raised is None:
             exec(compile(runnable, "<case>", "exec"), dict(namespace, amp=amp))

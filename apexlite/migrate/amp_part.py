@@ -278,5 +278,6 @@ def _summary(setup: AmpSetup, planner: ScaleLossPlanner) -> str:
                 "on every path, enabled by that flag")
     if setup.enabled and (scalers or setup.recipe == AUTOCAST):
         source = f"its opt_level is {setup.level} then, O0 otherwise" if setup.level_switched else "its enabled="
+        source = setup.runtime_o0 or source
         return f"amp.initialize (opt_level {setup.level}) became {what}, enabled when `{setup.enabled}` ({source})"
     return f"amp.initialize (opt_level {setup.level}) became {what}"

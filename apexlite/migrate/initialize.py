@@ -23,7 +23,7 @@ from apexlite.migrate.class_ties import HomeClass, home_class
 from apexlite.migrate.device import CPU, CUDA, RUNTIME, built_here
 from apexlite.migrate.edits import Plan
 from apexlite.migrate.guards import Guard, check_guard, enabled_code, model_touched_before, read_guard
-from apexlite.migrate.level_switch import o0_switch
+from apexlite.migrate.level_switch import and_flags, o0_switch, runtime_o0_test
 from apexlite.migrate.options import O2_APEXLITE, MigrateOptions
 from apexlite.migrate.recipes import AUTOCAST, KEEP, NONE, O2_KEPT_REASON, Kept, choose_recipe
 from apexlite.migrate.values import NOT_LITERAL, argparse_default, bind, elements, literal
@@ -66,6 +66,7 @@ class AmpSetup:
     kept_reason: str = ""  # KEEP: what torch has no recipe for
     home_class: Optional[HomeClass] = None  # amp.initialize on `self.` attributes in a method (class_ties.py)
     level_switched: bool = False  # `enabled` is the flag that switches opt_level between `level` and O0
+    runtime_o0: str = ""  # what `enabled` reads, when it tests that the run-time opt level is not O0
 
     @property
     def scaled(self) -> bool:
@@ -263,6 +264,12 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
         enabled_node = switch[1]  # O0 is plain fp32: the flag turns mixed precision on, as enabled= would
     enabled = literal(analysis, enabled_node)
     flag_node = enabled_node if enabled is NOT_LITERAL else None
+    runtime_source = ""
+    if switch is None and enabled is not False:  # a run-time O0 is plain fp32 whatever level was migrated
+        runtime_o0 = runtime_o0_test(analysis, bound.value("opt_level"), level, guard.conditions)
+        if runtime_o0 is not None:
+            runtime_source = ("its enabled=, and " if flag_node is not None else "") + "O0 at run time is fp32"
+        flag_node = and_flags(flag_node, runtime_o0)
     overrides = _resolved_options(plan, options, bound, call, level, anchor)
     dtype_value = overrides.pop("dtype")
     try:
@@ -302,7 +309,7 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
                      "bfloat16" if recipe == AUTOCAST and properties.master_weights else dtype, loss_scale,
                      num_losses, enabled_code(analysis, guard.conditions, flag_node), guard=guard, anchor=anchor,
                      flags=flags, home_class=home_class(analysis, call, list(optimizer_targets)),
-                     level_switched=switch is not None)
+                     level_switched=switch is not None, runtime_o0=runtime_source)
     _choose_device(plan, setup, device)
     if setup.device == RUNTIME and guard.conditions and model_touched_before(analysis, guard, setup.call,
                                                                               setup.models):

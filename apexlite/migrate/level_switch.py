@@ -4,16 +4,20 @@ in the call or assigned once to the name the call passes (Mask R-CNN's `amp_opt_
 O0 is plain fp32, so the script trains in mixed precision only when the flag holds: the migration is the
 other level's, enabled by that flag, as `enabled=flag` would be. The reverse form (`"O0" if flag else "O1"`)
 and anything else stay a run-time choice (a TODO, or --opt-level).
+
+A level chosen at run time and migrated for another level by --opt-level still turns mixed precision off
+when the run picks O0, as apex did: autocast and GradScaler get `enabled=<level> != "O0"`.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import libcst as cst
 
 from apexlite.amp.opt_levels import OPT_LEVELS
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import Analysis
+from apexlite.migrate.guards import Condition, is_pure
 from apexlite.migrate.values import NOT_LITERAL, literal
 
 
@@ -26,6 +30,28 @@ def o0_switch(analysis: Analysis, node: Optional[cst.BaseExpression]) -> Optiona
     if otherwise == "O0" and isinstance(level, str) and level in OPT_LEVELS and level != "O0":
         return level, expression.test
     return None
+
+
+def runtime_o0_test(analysis: Analysis, node: Optional[cst.BaseExpression], migrated_level: str,
+                    conditions: List[Condition]) -> Optional[cst.BaseExpression]:
+    """`<node> != "O0"` for a pure run-time opt level migrated for a level other than O0, else None; None too
+    when an `if` around amp.initialize already tests that level (`if args.opt_level != "O0":`)."""
+    if node is None or migrated_level == "O0" or literal(analysis, node) is not NOT_LITERAL or not is_pure(node):
+        return None
+    code = analysis.code(node).strip()
+    if any(code in analysis.code(condition.test) for condition in conditions):
+        return None
+    if not isinstance(node, (cst.Name, cst.Attribute, cst.Subscript)):
+        node = node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return cst.Comparison(left=node, comparisons=[cst.ComparisonTarget(operator=cst.NotEqual(),
+                                                                       comparator=cst.SimpleString('"O0"'))])
+
+
+def and_flags(first: Optional[cst.BaseExpression], second: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
+    """`first and second`, either alone when the other is None."""
+    if first is None or second is None:
+        return first if second is None else second
+    return cst.BooleanOperation(left=first, operator=cst.And(), right=second)
 
 
 def may_run_o2(analysis: Analysis, level_given: Optional[str]) -> bool:

@@ -71,3 +71,36 @@ def test_apexs_ddp_becomes_torchs_only_where_amp_cannot_run_o2(level, torch_ddp)
     migrated = result.migrated.decode()
     assert ("torch.nn.parallel.DistributedDataParallel(" in migrated) == torch_ddp
     assert any("ddp_from_apex_args" in str(todo) for todo in result.todos) == (not torch_ddp)
+
+
+@pytest.mark.parametrize("arguments, enabled", [
+    ("opt_level=level", 'enabled=level != "O0"'),
+    ("opt_level=level, enabled=fp16", 'enabled=fp16 and level != "O0"'),
+])
+def test_a_run_time_o0_stays_fp32_after_migrating_another_level(arguments, enabled):
+    """A level chosen at run time, migrated for O1 by --opt-level: the run that picks O0 trains in fp32 as the
+    original did at O0 (weights bit for bit), the run that picks O1 under autocast."""
+    import torch
+
+    from apexlite import amp
+
+    source = SCRIPT.format(setup="fp16 = True\nlevel = LEVEL_FROM_RUN", arguments=arguments)
+    result = migrate_source(source.encode(), MigrateOptions(opt_level="O1"))
+    assert result.exit_status == 0, result.todos
+    migrated = result.migrated.decode()
+    assert f'scaler = torch.amp.GradScaler("cpu", {enabled})' in migrated
+    assert "O0 at run time is fp32" in " ".join(line.strip("# ") for line in migrated.splitlines())
+    for level, dtype in (("O0", torch.float32), ("O1", torch.float16)):
+        runs = []
+        for code, use_amp in ((source.replace("from apex import amp\n", ""), True), (migrated, False)):
+            namespace = {"LEVEL_FROM_RUN": level, **({"amp": amp} if use_amp else {})}
+            torch.manual_seed(0)
+            try:
+                exec(compile(code, "<script>", "exec"), namespace)
+            finally:
+                amp.deinitialize()
+            runs.append(namespace)
+        assert runs[1]["loss"].dtype == dtype  # autocast's sum stays float16 (O1's runs in fp32)
+        if level == "O0":
+            assert runs[0]["loss"].dtype == torch.float32
+            assert torch.equal(runs[0]["model"].weight, runs[1]["model"].weight)

@@ -217,7 +217,8 @@ def _registration_removed(program: Program, note: str, name: str, line: int, mat
 CLAIMS = [
     (r"amp\.initialize \(opt_level O[0-3]\) (?:ran only when `.+`: it became|became) (?P<what>.+?)"
      r"(?P<flagged>, on every path, enabled by that flag|, enabled when `.+` \(its enabled=\)"
-     r"|, enabled when `.+` \(its opt_level is O[1-3] then, O0 otherwise\))?", _initialize),
+     r"|, enabled when `.+` \(its opt_level is O[1-3] then, O0 otherwise\)"
+     r"|, enabled when `.+` \((?:its enabled=, and )?O0 at run time is fp32\))?", _initialize),
     (r"apex's static loss_scale=([\d.e+]+): GradScaler has no static mode, so its growth is disabled; unlike apex, "
      r"an overflowing step is skipped and halves it", _static_scale),
     (r"O3 traps: .+", _o3_traps),

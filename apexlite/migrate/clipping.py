@@ -4,8 +4,9 @@ Under native AMP the gradients are still multiplied by the loss scale until `sca
 runs, so clipping them first would clip scaled values (torch's AMP example "Gradient clipping").
 A clip call (`torch.nn.utils.clip_grad_norm_(amp.master_params(opt), ...)`) or a `for` loop over the
 params gets `scaler.unscale_(opt)` right before it; the params become the model's parameters when the
-script has one model and one optimizer, else the optimizer's own params. Any other use with a scaler
-(the gradients might be read) is a TODO.
+script has one model and one optimizer, else the optimizer's own params. Where the optimizer has stepped
+since its scaled backward, its grads are unscaled already and the clip stays as it is. Any other use with a
+scaler (the gradients might be read) is a TODO.
 
 A clip of other params (`clip_grad_norm_(model.parameters(), ...)`: apex had unscaled the grads when
 `scale_loss` exited, so that was right under apex) gets the same `scaler.unscale_(optimizer)` where the
@@ -89,6 +90,25 @@ def _between_steps(unit: Unit, call: cst.CSTNode, index: int) -> bool:
     return False
 
 
+def _stepped_since_backward(unit: Unit, scale_loss: ScaleLossPlanner, call: cst.Call, index: int) -> bool:
+    """Whether, where `call` runs, optimizer `index` has stepped since its last scaled backward in the same function
+    (reading on from the function's end when none comes before: the loop's previous pass). A step leaves the grads
+    unscaled under apex and under torch.amp alike, so the clip needs no `unscale_`, and one would mark the next
+    backward's grads unscaled (CycleGAN's discriminator block clipping the generator's masters)."""
+    analysis = unit.analysis
+    owner = analysis.enclosing_scope_owner(call)
+    backwards = [(analysis.position(site.statement), False) for site in scale_loss.sites
+                 if site.unit is unit and index in site.optimizers
+                 and analysis.enclosing_scope_owner(site.statement) is owner]
+    if not backwards:
+        return False  # a clipping helper: judged as before, where its callers are
+    steps = [(analysis.position(step), True) for _, step in step_calls([unit], index)
+             if analysis.enclosing_scope_owner(step) is owner]
+    events = sorted(backwards + steps)
+    before = [stepped for position, stepped in events if position < analysis.position(call)]
+    return (before or [stepped for _, stepped in events])[-1]
+
+
 def _every_branch_steps(unit: Unit, branch: cst.If, index: int) -> bool:
     """Whether each branch of an `if` chain steps optimizer `index`, by `optimizer.step()` or a GradScaler's
     `scaler.step(optimizer)` (Transformer-XL's `if native_amp: scaler.step(optimizer) else: optimizer.step()`):
@@ -137,6 +157,9 @@ def plan_master_params(unit: Unit, setup: AmpSetup, scale_loss: ScaleLossPlanner
         if not unit.ties.reaches_scaler(call):
             plan.todo(call, f"the gradients are read here, after `{unscale}`, but the GradScaler cannot be read "
                             "here; pass it in like the optimizer and run migrate again")
+        elif (_clip_call(unit, call) or isinstance(parent, cst.For) and parent.iter is call) and \
+                _stepped_since_backward(unit, scale_loss, call, index):
+            continue  # the step left the grads unscaled, as apex's scale_loss had
         elif _clip_call(unit, call) and _between_steps(unit, call, index):
             _between_steps_todo(unit, call, unscale)
         elif _clip_call(unit, call) and small is not None and small not in plan.small:

@@ -263,9 +263,16 @@ def fit_state(param: torch.Tensor, state: dict, moment_dtype: torch.dtype) -> No
     if step.dtype is torch.float32 and exp_avg.dtype is moment_dtype and exp_avg_sq.dtype is moment_dtype \
             and not step.dim() and "master_param" not in state:
         strides = param.stride()
-        if exp_avg.stride() == strides and exp_avg_sq.stride() == strides:
+        if exp_avg.stride() == strides and exp_avg_sq.stride() == strides and exp_avg.shape == param.shape:
             return
     target = state.get("master_param", param)
+    for key in ("master_param", *MOMENT_KEYS):
+        if key in state and state[key].shape != param.shape:
+            raise RuntimeError(
+                f"a param of shape {tuple(param.shape)} has its {key} of shape {tuple(state[key].shape)}: its .data "
+                "was replaced by a tensor of another shape after its Adam state was made. To train the new shape "
+                "from fresh moments, drop its state first (`del optimizer.state[param]`); or put back a tensor of "
+                "the old shape.")
     if any(state[key].dtype != moment_dtype or state[key].device != target.device for key in MOMENT_KEYS):
         for key in MOMENT_KEYS:
             state[key] = state[key].to(device=target.device, dtype=moment_dtype)

@@ -228,3 +228,56 @@ def test_weights_tied_through_data_train_as_torchs_loop_adam_trains_them(tie_at,
             optimizer.step()
         torch.testing.assert_close(first[0].weight, second[0].weight, rtol=0, atol=1e-6)
     assert first[0].weight.data_ptr() == first[2].weight.data_ptr()
+
+
+@pytest.mark.parametrize("flat_buffers", FLAT)
+def test_params_that_partly_overlap_in_memory_step_one_after_the_other(flat_buffers):
+    """`p2.data = base[8000:]` beside `p1.data = base[:40000]`: the kernel once told shared memory by equal start
+    addresses only, stepped the two at once on its threads, and the result changed from run to run."""
+    def run(make_optimizer):
+        torch.manual_seed(1)
+        base = torch.randn(48000)
+        params = [torch.nn.Parameter(torch.empty(0)), torch.nn.Parameter(torch.empty(0))]
+        params[0].data, params[1].data = base[:40000], base[8000:]
+        optimizer = make_optimizer(params)
+        for step in range(3):
+            _step(params, optimizer, _grads(params, step))
+        return base
+
+    reference = run(lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0, foreach=False))
+    for _ in range(3):
+        ours = run(lambda params: FusedAdam(params, lr=1e-2, flat_buffers=flat_buffers))
+        torch.testing.assert_close(ours, reference, rtol=0, atol=1e-6)
+
+
+GROWN = {"a larger tensor": lambda data: torch.randn(7), "a shorter view": lambda data: data[:3]}
+
+
+@pytest.mark.parametrize("implementation", ["kernel", "torch", "reference"])
+@pytest.mark.parametrize("change", list(GROWN))
+@pytest.mark.parametrize("flat_buffers", FLAT)
+def test_a_param_whose_data_changes_size_is_refused_until_its_state_is_dropped(flat_buffers, change, implementation):
+    """A param's .data replaced by one of another size after a step: torch's Adam refuses it (a size mismatch);
+    FusedAdam once ran torch's fused op on the old-size moments (writing past their end) or, on the flat buffers,
+    kept stepping the old slot. Refused before anything changes; with its state dropped it trains on as a fresh
+    torch.optim.AdamW param."""
+    if implementation == "kernel" and not _ext.kernels_available("cpu"):
+        pytest.skip("compiled CPU kernel not built")
+    torch.manual_seed(0)
+    resized, other = torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(3))
+    opt = FusedAdam([resized, other], lr=1e-2, step_count="param", flat_buffers=flat_buffers,
+                    implementation=implementation)
+    _step([resized, other], opt, _grads([resized, other], 0))
+    resized.data = GROWN[change](resized.data)
+    before = [resized.detach().clone(), other.detach().clone()]
+    with pytest.raises(RuntimeError, match=r"shape \(5,\): its .data was replaced by a tensor of another shape"):
+        _step([resized, other], opt, _grads([resized, other], 1))
+    assert all(torch.equal(kept, now) for kept, now in zip(before, [resized, other]))
+    del opt.state[resized]
+    fresh = torch.nn.Parameter(resized.detach().clone())
+    reference = torch.optim.AdamW([fresh], lr=1e-2, weight_decay=0.0, foreach=False)
+    for step in range(2, 5):
+        grads = _grads([resized, other], step)
+        _step([resized, other], opt, grads)
+        _step([fresh], reference, grads[:1])
+    torch.testing.assert_close(resized, fresh, rtol=0, atol=1e-6)

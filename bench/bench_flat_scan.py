@@ -38,7 +38,7 @@ def _set_up(members: int):
     group = optimizer.param_groups[0]
     layout = optimizer._flat._layouts[id(group)][1]
     flat_set = layout.sets[0]
-    args = (group["params"], layout.known, flat_set.members, flat_set.masters, flat_set.param_ptrs, flat_set.offsets,
+    args = (group["params"], layout.known, flat_set.members, flat_set.masters, flat_set.param_spans, flat_set.offsets,
             flat_set.grad_like, flat_set.weights.numel(), flat_set.grad_start)
     return optimizer, args
 

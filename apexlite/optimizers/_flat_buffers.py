@@ -65,7 +65,7 @@ class FlatSet:
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
     steps: torch.Tensor  # one counter per member, all equal
-    param_ptrs: torch.Tensor  # int64: where each member's data must still be
+    param_spans: torch.Tensor  # int64 (members, 2): where each member's data must still be, and its numel
     offsets: torch.Tensor  # int64: where each member starts in the buffers
     starts: Tuple[int, ...]  # the same offsets, as Python ints
     grad_like: torch.Tensor  # empty, of the grads' dtype and device
@@ -126,7 +126,7 @@ class FlatBuffers:
             bounds = self.piece_policy.bounds_of(flat_set)
             if bounds is not None:
                 stop, grad = flat_grads_in_place(params, layout.known, flat_set.members, flat_set.masters,
-                                                 flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,
+                                                 flat_set.param_spans, flat_set.offsets, flat_set.grad_like,
                                                  flat_set.weights.numel(), flat_set.grad_start, 0, bounds[0], None)
                 if stop < 0:
                     self._rebuild_later(group, layout, GROUP_CHANGED)
@@ -137,7 +137,7 @@ class FlatBuffers:
                                              lambda reason: self._rebuild_later(group, layout, reason)))
                     continue
             status, reason, grads = flat_grads(params, layout.known, flat_set.members, flat_set.masters,
-                                               flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,
+                                               flat_set.param_spans, flat_set.offsets, flat_set.grad_like,
                                                flat_set.weights.numel(), flat_set.grad_start, fresh_limit, grad_reads)
             if status in (READY, READ_IN_PLACE):
                 flat_set.had_fresh_grads = reason > 0  # (a ready answer's reason: how many grads were fresh)
@@ -290,7 +290,7 @@ class FlatBuffers:
         masters = tuple(state[p]["master_param"] for p in params) if copies is not None else None
         return FlatSet(
             members=tuple(params), masters=masters, weights=weights, copies=copies, exp_avg=exp_avg,
-            exp_avg_sq=exp_avg_sq, steps=steps, param_ptrs=torch.tensor([p.data_ptr() for p in params]),
+            exp_avg_sq=exp_avg_sq, steps=steps, param_spans=torch.tensor([[p.data_ptr(), p.numel()] for p in params], dtype=torch.int64).reshape(-1, 2),
             offsets=torch.tensor(offsets, dtype=torch.int64), starts=tuple(offsets),
             grad_like=torch.empty(0, dtype=grad_dtype, device=device), grad_start=start_of("grad", grad_dtype),
             watch=watch)

@@ -85,7 +85,7 @@ MAX_FRESH_AVERAGE_CPU_AGAIN = 2048  # the same right after a step that moved fre
 REASONS = (
     "",
     "the group's params list changed",
-    "a param's storage changed (its .data was replaced)",
+    "a param's data moved or changed size (its .data was replaced)",
     "a param has no grad",
     "a grad's dtype differs from the buffer's",
     "a master weight holds its own grad (amp O2 with clipping or accumulation)",
@@ -117,20 +117,20 @@ def _verdict(reason: int) -> Verdict:
 
 def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
                       members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
-                      param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
+                      param_spans: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
                       shift: int, max_fresh_average: int, grad_reads: int) -> Verdict:
     """apexlite._C.flat_grads in Python (see :func:`flat_grads`).
     The grad buffer is ``total`` elements from element ``shift`` of its storage; ``offsets`` are in it."""
     if len(group_params) != len(known) or any(a is not b for a, b in zip(group_params, known)):
         return _verdict(GROUP_CHANGED)
-    expected, starts = param_ptrs.tolist(), [shift + offset for offset in offsets.tolist()]
+    expected, starts = param_spans.tolist(), [shift + offset for offset in offsets.tolist()]
     buffer: Optional[torch.UntypedStorage] = None
     grads: List[torch.Tensor] = []
     in_place: List[bool] = []
     pinned: List[torch.Tensor] = []  # fresh grads that cannot move (kernels that read grads in place only)
     reason = 0
     for i, param in enumerate(members):
-        if param.data_ptr() != expected[i]:
+        if param.data_ptr() != expected[i][0] or param.numel() != expected[i][1]:
             return _verdict(PARAM_MOVED)
         grad = param.grad
         if grad is None:
@@ -187,7 +187,7 @@ def python_flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.T
 
 def python_flat_grads_in_place(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
                                members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
-                               param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
+                               param_spans: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
                                shift: int, begin: int, end: int,
                                flat: Optional[torch.Tensor]) -> Tuple[int, Optional[torch.Tensor]]:
     """apexlite._C.flat_grads_in_place in Python: see :func:`flat_grads_in_place`."""
@@ -195,13 +195,14 @@ def python_flat_grads_in_place(group_params: Sequence[torch.Tensor], known: Tupl
         raise ValueError(f"members [{begin}, {end}) is no range of the {len(members)} members")
     if begin == 0 and (len(group_params) != len(known) or any(a is not b for a, b in zip(group_params, known))):
         return -1, None
-    expected, starts = param_ptrs.tolist(), [shift + offset for offset in offsets.tolist()]
+    expected, starts = param_spans.tolist(), [shift + offset for offset in offsets.tolist()]
     buffer = None if flat is None else flat.untyped_storage()
     stop = begin
     while stop < end:
         param = members[stop]
         grad = param.grad
-        if param.data_ptr() != expected[stop] or not lies_at(grad, param, grad_like.dtype, starts[stop]) or \
+        if param.data_ptr() != expected[stop][0] or param.numel() != expected[stop][1] or \
+                not lies_at(grad, param, grad_like.dtype, starts[stop]) or \
                 (masters is not None and masters[stop].grad is not None):
             break
         storage = grad.untyped_storage()
@@ -257,7 +258,7 @@ def _native(name: str) -> Optional[Callable[..., Any]]:
 
 def flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
                members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
-               param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
+               param_spans: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
                shift: int, max_fresh_average: int = 0, grad_reads: int = MOVE_FRESH) -> Verdict:
     """(status, reason, grads): READY with the set's grads as one flat tensor (fresh ones moved into it)
     and, in the reason's place, how many grads moved; READ_IN_PLACE (fresh grads that ``grad_reads``
@@ -268,13 +269,13 @@ def flat_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, 
     per-tensor path bumps them)."""
     native = _native("flat_grads")
     run = native if native is not None else python_flat_grads
-    return run(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, max_fresh_average,
+    return run(group_params, known, members, masters, param_spans, offsets, grad_like, total, shift, max_fresh_average,
                grad_reads)
 
 
 def flat_grads_in_place(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],
                         members: Tuple[torch.Tensor, ...], masters: Optional[Tuple[torch.Tensor, ...]],
-                        param_ptrs: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
+                        param_spans: torch.Tensor, offsets: torch.Tensor, grad_like: torch.Tensor, total: int,
                         shift: int, begin: int, end: int,
                         flat: Optional[torch.Tensor]) -> Tuple[int, Optional[torch.Tensor]]:
     """The check of one piece of a set stepped in pieces: (stop, flat grad). Members [begin, stop) have their
@@ -284,7 +285,7 @@ def flat_grads_in_place(group_params: Sequence[torch.Tensor], known: Tuple[torch
     and the group's params list is not ``known``. Nothing else changes."""
     native = _native("flat_grads_in_place")
     run = native if native is not None else python_flat_grads_in_place
-    return run(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, begin, end, flat)
+    return run(group_params, known, members, masters, param_spans, offsets, grad_like, total, shift, begin, end, flat)
 
 
 def flat_zero_grads(group_params: Sequence[torch.Tensor], known: Tuple[torch.Tensor, ...],

@@ -130,7 +130,7 @@ class PiecewiseRun:
         for end in self._bounds:
             if begin > 0:
                 stop, grad = flat_grads_in_place(self._group_params, self._known, flat_set.members, flat_set.masters,
-                                                 flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,
+                                                 flat_set.param_spans, flat_set.offsets, flat_set.grad_like,
                                                  flat_set.weights.numel(), flat_set.grad_start, begin, end, grad)
             if stop > begin:
                 yield call_over(flat_set, grad, begin, stop, remember=stop == end)
@@ -142,7 +142,7 @@ class PiecewiseRun:
     def _rest(self, stop: int) -> Iterator[FlatCall]:
         flat_set = self._set
         status, reason, grad = flat_grads(self._group_params, self._known, flat_set.members, flat_set.masters,
-                                          flat_set.param_ptrs, flat_set.offsets, flat_set.grad_like,
+                                          flat_set.param_spans, flat_set.offsets, flat_set.grad_like,
                                           flat_set.weights.numel(), flat_set.grad_start, self._max_fresh_average)
         if status == READY:
             flat_set.had_fresh_grads = reason > 0  # (a ready answer's reason: how many grads were fresh)

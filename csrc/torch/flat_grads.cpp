@@ -58,17 +58,17 @@ int same_group(PyObject* group_params, PyObject* known) {
 }
 
 // The set the step's checks take, its per-member tables checked against its members.
-SetView set_view(const char* function, PyObject* members, PyObject* masters, PyObject* param_ptrs_obj,
+SetView set_view(const char* function, PyObject* members, PyObject* masters, PyObject* param_spans_obj,
                  PyObject* offsets_obj, const at::Tensor& grad_like, int64_t total, int64_t shift) {
   const Py_ssize_t count = PyTuple_GET_SIZE(members);
-  const at::Tensor& param_ptrs = THPVariable_Unpack(param_ptrs_obj);
+  const at::Tensor& param_spans = THPVariable_Unpack(param_spans_obj);
   const at::Tensor& offsets = THPVariable_Unpack(offsets_obj);
-  TORCH_CHECK(param_ptrs.numel() == count && offsets.numel() == count && param_ptrs.is_contiguous() &&
-                  offsets.is_contiguous() && param_ptrs.scalar_type() == at::kLong && offsets.scalar_type() == at::kLong,
-              "apexlite._C.", function, ": param_ptrs and offsets must be contiguous int64 tensors of one entry per member");
+  TORCH_CHECK(param_spans.numel() == 2 * count && offsets.numel() == count && param_spans.is_contiguous() &&
+                  offsets.is_contiguous() && param_spans.scalar_type() == at::kLong && offsets.scalar_type() == at::kLong,
+              "apexlite._C.", function, ": param_spans and offsets must be contiguous int64 tensors of two entries (address, numel) and one entry per member");
   TORCH_CHECK(masters == Py_None || (PyTuple_Check(masters) && PyTuple_GET_SIZE(masters) == count), "apexlite._C.",
               function, ": masters must be None or a tuple of one tensor per member");
-  return SetView{members, masters == Py_None ? nullptr : masters, param_ptrs.data_ptr<int64_t>(),
+  return SetView{members, masters == Py_None ? nullptr : masters, param_spans.data_ptr<int64_t>(),
                  offsets.data_ptr<int64_t>(), shift, (shift + total) * grad_like.element_size(), grad_like.scalar_type()};
 }
 
@@ -81,17 +81,17 @@ PyObject* wrap_buffer(const c10::Storage& storage, const at::Tensor& grad_like, 
 
 PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
   HANDLE_TH_ERRORS
-  PyObject *group_params, *known, *members, *masters, *param_ptrs_obj, *offsets_obj, *grad_like_obj;
+  PyObject *group_params, *known, *members, *masters, *param_spans_obj, *offsets_obj, *grad_like_obj;
   long long total, shift;  // the grad buffer: `total` elements from element `shift` of its storage
   long long max_fresh_average;  // > 0: fresh grads larger than this on average are not copied
   int grad_reads;               // a GradReads
   if (!PyArg_ParseTuple(args, "OO!O!OOOOLLLi", &group_params, &PyTuple_Type, &known, &PyTuple_Type, &members,
-                        &masters, &param_ptrs_obj, &offsets_obj, &grad_like_obj, &total, &shift,
+                        &masters, &param_spans_obj, &offsets_obj, &grad_like_obj, &total, &shift,
                         &max_fresh_average, &grad_reads)) {
     return nullptr;
   }
   const at::Tensor& grad_like = THPVariable_Unpack(grad_like_obj);
-  const SetView set = set_view("flat_grads", members, masters, param_ptrs_obj, offsets_obj, grad_like, total, shift);
+  const SetView set = set_view("flat_grads", members, masters, param_spans_obj, offsets_obj, grad_like, total, shift);
   const Py_ssize_t count = PyTuple_GET_SIZE(members);
   const auto verdict = [](int reason) { return Py_BuildValue("iiO", status_of(reason), reason, Py_None); };
 
@@ -123,7 +123,7 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
     // The kernel writes the params through raw pointers. Bumped here, while the param is at hand: a
     // step that then takes the per-tensor path bumps them again, which is harmless.
     if (i >= kept) param.unsafeGetTensorImpl()->bump_version();
-    if (address_of(param) != set.expected[i]) return verdict(kParamMoved);
+    if (!param_as_built(set, i, param)) return verdict(kParamMoved);
     const at::Tensor& grad = grad_of(param);
     if (!grad.defined()) return verdict(kMissingGrad);
     if (grad.scalar_type() != set.dtype) return verdict(kGradDtype);
@@ -198,16 +198,16 @@ PyObject* flat_grads(PyObject* /*module*/, PyObject* args) {
 // Nothing else is changed: the members from `stop` on are left to the full check or the per-tensor path.
 PyObject* flat_grads_in_place(PyObject* /*module*/, PyObject* args) {
   HANDLE_TH_ERRORS
-  PyObject *group_params, *known, *members, *masters, *param_ptrs_obj, *offsets_obj, *grad_like_obj, *flat_obj;
+  PyObject *group_params, *known, *members, *masters, *param_spans_obj, *offsets_obj, *grad_like_obj, *flat_obj;
   long long total, shift, begin, end;
   if (!PyArg_ParseTuple(args, "OO!O!OOOOLLLLO", &group_params, &PyTuple_Type, &known, &PyTuple_Type, &members,
-                        &masters, &param_ptrs_obj, &offsets_obj, &grad_like_obj, &total, &shift, &begin, &end,
+                        &masters, &param_spans_obj, &offsets_obj, &grad_like_obj, &total, &shift, &begin, &end,
                         &flat_obj)) {
     return nullptr;
   }
   const at::Tensor& grad_like = THPVariable_Unpack(grad_like_obj);
   const SetView set =
-      set_view("flat_grads_in_place", members, masters, param_ptrs_obj, offsets_obj, grad_like, total, shift);
+      set_view("flat_grads_in_place", members, masters, param_spans_obj, offsets_obj, grad_like, total, shift);
   const Py_ssize_t count = PyTuple_GET_SIZE(members);
   TORCH_CHECK(0 <= begin && begin <= end && end <= count, "apexlite._C.flat_grads_in_place: members [", begin, ", ",
               end, ") is no range of the ", count, " members");
@@ -277,11 +277,11 @@ PyObject* flat_zero_grads(PyObject* /*module*/, PyObject* args) {
 
 PyMethodDef kFunctions[] = {
     {"flat_grads", flat_grads, METH_VARARGS,
-     "flat_grads(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, "
+     "flat_grads(group_params, known, members, masters, param_spans, offsets, grad_like, total, shift, "
      "max_fresh_average, grad_reads) -> "
      "(status, reason, flat grad or GradList or None): see apexlite/optimizers/_flat_grads.py"},
     {"flat_grads_in_place", flat_grads_in_place, METH_VARARGS,
-     "flat_grads_in_place(group_params, known, members, masters, param_ptrs, offsets, grad_like, total, shift, begin, "
+     "flat_grads_in_place(group_params, known, members, masters, param_spans, offsets, grad_like, total, shift, begin, "
      "end, flat) -> (stop, flat): see apexlite/optimizers/_flat_grads.py"},
     {"flat_zero_grads", flat_zero_grads, METH_VARARGS,
      "flat_zero_grads(group_params, known, members, offsets, grad_like, total, shift, set_to_none) -> "

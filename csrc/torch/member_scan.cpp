@@ -20,7 +20,7 @@ void prefetch_lines(const void* address) {
 
 bool in_place_at(const SetView& set, const c10::StorageImpl* buffer, Py_ssize_t i) {
   const at::Tensor& param = param_at(set.members, i);
-  if (address_of(param) != set.expected[i]) return false;
+  if (!param_as_built(set, i, param)) return false;
   const at::Tensor& grad = grad_of(param);
   return lies_at(grad, param, set.dtype, set.shift + set.offsets[i]) &&
          grad.storage().unsafeGetStorageImpl() == buffer && !has_master_grad(set, i);
@@ -29,6 +29,10 @@ bool in_place_at(const SetView& set, const c10::StorageImpl* buffer, Py_ssize_t 
 void bump(PyObject* members, Py_ssize_t i) { param_at(members, i).unsafeGetTensorImpl()->bump_version(); }
 
 }  // namespace
+
+bool param_as_built(const SetView& set, Py_ssize_t i, const at::Tensor& param) {
+  return address_of(param) == set.expected[2 * i] && param.numel() == set.expected[2 * i + 1];
+}
 
 void prefetch_member(PyObject* members, Py_ssize_t i, Py_ssize_t end) {
   if (i + 3 * kAhead < end) __builtin_prefetch(PyTuple_GET_ITEM(members, i + 3 * kAhead));

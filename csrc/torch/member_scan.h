@@ -31,12 +31,15 @@ enum Reason : int {
 struct SetView {
   PyObject* members;        // tuple of params
   PyObject* masters;        // tuple of fp32 masters, or nullptr
-  const int64_t* expected;  // each param's data address when the set was built
+  const int64_t* expected;  // each param's data address and numel when the set was built, in pairs
   const int64_t* offsets;   // each member's offset in the grad buffer
   int64_t shift;            // where the grad buffer starts in its storage (elements)
   int64_t buffer_bytes;     // the grad buffer's storage size
   at::ScalarType dtype;     // the grads' dtype
 };
+
+// Whether member i's param is where, and as large as, the set built it (a replaced .data is not).
+bool param_as_built(const SetView& set, Py_ssize_t i, const at::Tensor& param);
 
 // Whether member i's fp32 master holds a grad of its own (amp O2 with clipping or accumulation).
 bool has_master_grad(const SetView& set, Py_ssize_t i);

@@ -32,7 +32,7 @@ def _checked_set():
     layout = opt._flat._layouts[id(group)][1]
     flat_set = layout.sets[0]
     answer = _flat_grads._native("flat_grads")(
-        group["params"], layout.known, flat_set.members, flat_set.masters, flat_set.param_ptrs, flat_set.offsets,
+        group["params"], layout.known, flat_set.members, flat_set.masters, flat_set.param_spans, flat_set.offsets,
         flat_set.grad_like, flat_set.weights.numel(), flat_set.grad_start, 0, _flat_grads.READ_FRESH)
     return params, flat_set, answer
 

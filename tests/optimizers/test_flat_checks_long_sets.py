@@ -65,7 +65,7 @@ def _built(dtype, master_weights, seed=0):
         p.grad = g
     opt.step()
     flat_set = opt._flat._layouts[id(opt.param_groups[0])][1].sets[0]
-    args = (opt.param_groups[0]["params"], tuple(params), flat_set.members, flat_set.masters, flat_set.param_ptrs,
+    args = (opt.param_groups[0]["params"], tuple(params), flat_set.members, flat_set.masters, flat_set.param_spans,
             flat_set.offsets, flat_set.grad_like, flat_set.weights.numel(), flat_set.grad_start)
     assert len(flat_set.members) == MEMBERS
     return params, opt, flat_set, args

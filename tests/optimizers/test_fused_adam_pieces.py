@@ -162,7 +162,7 @@ def test_the_piece_check_and_its_python_twin_agree(monkeypatch):
         flat_set = opt._flat._layouts[id(opt.param_groups[0])][1].sets[0]
         params[LATE].grad = params[LATE].grad.clone()
         check = _flat_grads.flat_grads_in_place if run == "native" else _flat_grads.python_flat_grads_in_place
-        args = (opt.param_groups[0]["params"], tuple(params), flat_set.members, flat_set.masters, flat_set.param_ptrs,
+        args = (opt.param_groups[0]["params"], tuple(params), flat_set.members, flat_set.masters, flat_set.param_spans,
                 flat_set.offsets, flat_set.grad_like, flat_set.weights.numel(), flat_set.grad_start)
         versions = [p._version for p in params]
         stop, flat = check(*args, 0, 4, None)
@@ -230,7 +230,7 @@ def test_a_piece_outside_the_members_is_refused_by_both_checks(begin, end):
     _first_steps(runs)
     params, opt = runs[0]
     flat_set = opt._flat._layouts[id(opt.param_groups[0])][1].sets[0]
-    args = (opt.param_groups[0]["params"], tuple(params), flat_set.members, flat_set.masters, flat_set.param_ptrs,
+    args = (opt.param_groups[0]["params"], tuple(params), flat_set.members, flat_set.masters, flat_set.param_spans,
             flat_set.offsets, flat_set.grad_like, flat_set.weights.numel(), flat_set.grad_start, begin, end, None)
     checks = [_flat_grads.python_flat_grads_in_place]
     if _flat_grads._native("flat_grads_in_place") is not None:

@@ -5,6 +5,11 @@
 #include <ATen/ATen.h>
 #include <c10/util/Optional.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
 namespace apexlite {
 
 inline bool is_float_kind(at::ScalarType t) {
@@ -189,6 +194,31 @@ inline void check_flat_gather_args(const at::Tensor& flat, at::TensorList source
     TORCH_CHECK(offsets[i] >= 0 && offsets[i] + s.numel() <= flat.numel(), "apexlite.flat_gather_: sources[", i,
                 "] (", s.numel(), " elements) does not fit in flat (", flat.numel(), ") at offset ", offsets[i], ".");
   }
+}
+
+// Whether any two non-empty tensors of the list touch the same bytes (weights tied with `b.data = a.data`,
+// or views that partly overlap): their updates must then run one after the other, as torch's for-loop
+// Adam runs them, never at once. Each tensor's extent runs from its lowest to its highest element.
+inline bool memory_overlaps(at::TensorList list) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;  // [first byte, one past the last byte)
+  spans.reserve(list.size());
+  for (const at::Tensor& t : list) {
+    if (t.numel() == 0) continue;
+    int64_t low = 0, high = 0;  // element offsets of the lowest and highest element from data_ptr
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      const int64_t reach = (t.size(d) - 1) * t.stride(d);
+      (reach < 0 ? low : high) += reach;
+    }
+    const auto start = reinterpret_cast<uintptr_t>(t.data_ptr());
+    const auto size = static_cast<int64_t>(t.element_size());
+    spans.emplace_back(start + low * size, start + (high + 1) * size);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].first < spans[i - 1].second) return true;
+    spans[i].second = std::max(spans[i].second, spans[i - 1].second);
+  }
+  return false;
 }
 
 }  // namespace apexlite

@@ -137,17 +137,6 @@ APEXLITE_CPU_CLONES void run_task_decoupled(const TensorSlots& t, const Task& ta
 
 Slot slot_of(const at::Tensor& t) { return Slot{t.data_ptr(), t.scalar_type()}; }
 
-// Whether two non-empty params start at the same address (one memory stepped twice in one call).
-bool shares_memory(at::TensorList params) {
-  std::vector<const void*> starts;
-  starts.reserve(params.size());
-  for (const at::Tensor& p : params) {
-    if (p.numel() > 0) starts.push_back(p.data_ptr());
-  }
-  std::sort(starts.begin(), starts.end());
-  return std::adjacent_find(starts.begin(), starts.end()) != starts.end();
-}
-
 void fused_adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                     at::TensorList exp_avg_sqs, at::TensorList state_steps, at::TensorList model_copies,
                     double lr, double beta1, double beta2, double eps, double weight_decay,
@@ -179,10 +168,10 @@ void fused_adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList 
     }
   }
   const auto run = adam_w_mode ? &run_task_decoupled : &run_task_l2;
-  // Params that share memory (weights tied with `b.data = a.data`) step one after the other, in list
-  // order, as torch's for-loop Adam steps them; in parallel their updates would race.
+  // Params that share memory (weights tied with `b.data = a.data`, views that overlap) step one after the
+  // other, in list order, as torch's for-loop Adam steps them; in parallel their updates would race.
   const int64_t count = static_cast<int64_t>(tasks.size());
-  at::parallel_for(0, count, shares_memory(params) ? count : 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, count, memory_overlaps(params) ? count : 1, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) run(tensors[tasks[k].tensor], tasks[k]);
   });
 }

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "../cuda/launchers.h"
@@ -80,8 +81,20 @@ void fused_adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList
     call.steps.push_back(state_steps[i].data_ptr<float>());
     call.numels.push_back(params[i].numel());
   }
-  launch_list_call(call, AdamHyper{lr, beta1, beta2, eps, weight_decay, bias_correction}, adam_w_mode, grad_scale,
-                   found_inf, unscale_grads, "fused_adam_");
+  const AdamHyper hyper{lr, beta1, beta2, eps, weight_decay, bias_correction};
+  if (!memory_overlaps(params)) {
+    launch_list_call(call, hyper, adam_w_mode, grad_scale, found_inf, unscale_grads, "fused_adam_");
+    return;
+  }
+  // Params that share memory (weights tied with `b.data = a.data`) step one launch each, in list order, as
+  // torch's for-loop Adam steps them: the blocks of one launch run at once and would race on that memory.
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto one = [i](const auto& all) { return all.empty() ? all : std::decay_t<decltype(all)>{all[i]}; };
+    const ListCall single{one(call.params), one(call.grads), one(call.exp_avgs), one(call.exp_avg_sqs),
+                          one(call.copies), one(call.steps), one(call.numels), call.param_kind, call.grad_kind,
+                          call.moment_kind, call.copy_kind};
+    launch_list_call(single, hyper, adam_w_mode, grad_scale, found_inf, unscale_grads, "fused_adam_");
+  }
 }
 
 // The flat launchers' view of the buffers; without a grad buffer (`grad` undefined: the grads come by

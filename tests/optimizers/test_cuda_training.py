@@ -122,3 +122,31 @@ def test_fused_adam_under_grad_scaler_adds_no_sync():
         opt.zero_grad()
 
     assert _count_syncs(step) == 0
+
+
+SHARED = {"tied through .data": (slice(0, 4096), slice(0, 4096)),
+          "partly overlapping views": (slice(0, 40000), slice(8000, 48000))}
+
+
+@pytest.mark.parametrize("flat_buffers", [True, False])
+@pytest.mark.parametrize("sharing", list(SHARED))
+def test_params_sharing_memory_step_one_after_the_other_on_cuda(sharing, flat_buffers):
+    """Two params over one memory step one after the other, as torch's for-loop AdamW steps them: in one launch
+    the blocks of both would run at once and one update would be lost."""
+    def run(make_optimizer):
+        torch.manual_seed(1)
+        base = torch.randn(48000, device=DEVICE)
+        params = [torch.nn.Parameter(torch.empty(0, device=DEVICE)) for _ in range(2)]
+        for param, span in zip(params, SHARED[sharing]):
+            param.data = base[span]
+        optimizer = make_optimizer(params)
+        gen = torch.Generator(device=DEVICE).manual_seed(2)
+        for _ in range(3):
+            for param in params:
+                param.grad = torch.randn(param.shape, device=DEVICE, generator=gen)
+            optimizer.step()
+        return base
+
+    reference = run(lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0, foreach=False))
+    ours = run(lambda params: FusedAdam(params, lr=1e-2, flat_buffers=flat_buffers))
+    torch.testing.assert_close(ours, reference, rtol=0, atol=1e-5)

@@ -6,8 +6,10 @@ fp16 grads near 40000 from two ranks sum past fp16's 65504). Dividing each rank'
 is left of the division (`factor / world_size`) is applied after the sum.
 
 Dtype: with `reduce_dtype` equal to the bucket's dtype the bucket is reduced in place (no copy);
-otherwise it is cast (after the pre-division, so fp32 -> fp16 sees already-shrunk values), reduced,
-and written back into the bucket. Under O2 the model params are fp16/bf16, so their buckets already
+otherwise it is cast, reduced, and written back into the bucket. Both divisions happen in whichever of
+the two dtypes has the wider range: before the cast when narrowing (fp32 -> fp16 sees already-shrunk
+values), after it when widening (fp16 -> fp32 sums and averages in fp32 and writes back the mean, as apex's
+allreduce_always_fp32 did: two ranks' fp16 grads of 40000 average to 40000, not an inf sum). Under O2 the model params are fp16/bf16, so their buckets already
 are low precision and `reduce_dtype=None` (or the same dtype) communicates them without any cast.
 
 (No `from __future__ import annotations` here: DDP checks the hook's annotations at runtime.)
@@ -48,17 +50,22 @@ def reduce_hook(config: ReduceConfig, bucket: dist.GradBucket) -> torch.futures.
     """DDP comm hook: pre-divide, all-reduce in `config.reduce_dtype`, post-scale, write back."""
     buffer = bucket.buffer()
     pre, post = config.factors()
-    if pre != 1.0:
-        buffer.div_(pre)
     dtype = config.reduce_dtype or buffer.dtype
+    widening = dtype != buffer.dtype and torch.finfo(dtype).max > torch.finfo(buffer.dtype).max
+    if pre != 1.0 and not widening:
+        buffer.div_(pre)
     wire = buffer if dtype == buffer.dtype else buffer.to(dtype)
+    if pre != 1.0 and widening:
+        wire.div_(pre)
     work = dist.all_reduce(wire, group=config.process_group, async_op=True)
 
     def finish(fut: torch.futures.Future) -> torch.Tensor:
         reduced = fut.value()[0]
+        if post != 1.0 and widening:
+            reduced.mul_(post)
         if reduced is not buffer:
             buffer.copy_(reduced)
-        if post != 1.0:
+        if post != 1.0 and not widening:
             buffer.mul_(post)
         return buffer
 

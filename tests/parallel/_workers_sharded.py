@@ -95,11 +95,16 @@ class _Scale(torch.nn.Module):
 def _predivide_probe(rank: int) -> Dict[str, torch.Tensor]:
     """40000 per rank: summed before dividing, 80000 overflows fp16; pre-divided it stays finite."""
     out = {}
-    for name, dtype, factor in (("fp16-pre", torch.float16, None), ("fp16-post", torch.float16, 1.0),
-                                ("fp32-to-fp16-wire", torch.float32, None)):
-        ddp = DistributedDataParallel(_Scale(dtype), reduce_dtype=torch.float16, gradient_predivide_factor=factor)
+    for name, dtype, wire, factor in (("fp16-pre", torch.float16, torch.float16, None),
+                                      ("fp16-post", torch.float16, torch.float16, 1.0),
+                                      ("fp32-to-fp16-wire", torch.float32, torch.float16, None),
+                                      ("fp16-to-fp32-wire-post", torch.float16, torch.float32, 1.0)):
+        ddp = DistributedDataParallel(_Scale(dtype), reduce_dtype=wire, gradient_predivide_factor=factor)
         ddp(torch.full((1,), 40000.0, dtype=dtype)).float().sum().backward()
         out[name] = ddp.module.weight.grad.detach().float().clone()
+    ddp = ddp_from_apex_args(_Scale(torch.float16), allreduce_always_fp32=True)  # apex's default factor 1.0
+    ddp(torch.full((1,), 40000.0, dtype=torch.float16)).float().sum().backward()
+    out["apex-allreduce-always-fp32"] = ddp.module.weight.grad.detach().float().clone()
     return out
 
 

@@ -59,6 +59,10 @@ def test_predivision_keeps_fp16_sums_finite(comm):
     assert probe["fp16-pre"].item() == 40000.0
     assert probe["fp32-to-fp16-wire"].item() == 40000.0
     assert math.isinf(probe["fp16-post"].item())
+    # an fp32 wire sums and averages in fp32, then writes the mean back (apex's allreduce_always_fp32): the
+    # sum went back into the fp16 bucket before the division once, and came out inf
+    assert probe["fp16-to-fp32-wire-post"].item() == 40000.0
+    assert probe["apex-allreduce-always-fp32"].item() == 40000.0
 
 
 def test_a_sum_is_still_predivided(comm):

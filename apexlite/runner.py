@@ -26,7 +26,7 @@ from apexlite.compat import hook
 from apexlite.compat.child_path import CHILD_PATH
 from apexlite.gloo_exit import GlooRelease
 from apexlite.help_text import wrap
-from apexlite.script_main import MainNotFound, execute_main, load_main, search_path_entry
+from apexlite.script_main import MainNotFound, execute_main, load_main, load_source_main, search_path_entry
 from apexlite.script_program import looks_like_notebook
 from apexlite.switches import help_section
 
@@ -34,6 +34,8 @@ log = get_logger("runner")
 
 USAGE = """usage: python -m apexlite run SCRIPT [ARGS...]
        python -m apexlite run -m MODULE [ARGS...]
+       python -m apexlite run -c CODE [ARGS...]
+       python -m apexlite run - [ARGS...]        (the script read from stdin)
 
 Runs a legacy apex script unchanged: `import apex` / `from apex import amp` / `import amp_C` resolve to
 apexlite, in the script and in the Python processes it starts that inherit its environment (the hook
@@ -162,6 +164,25 @@ def run_script(path: str, args: List[str]) -> int:
     return 0
 
 
+def run_source(source: str, filename: str, argv0: str, args: List[str]) -> int:
+    """Run `source` as __main__ as `python -c CODE` (argv0 "-c") or `python -` (argv0 "-") runs it: sys.argv[0]
+    is argv0, sys.path[0] the working folder (''), tracebacks name `filename`."""
+    with _legacy_environment([argv0, *args], ""):
+        try:
+            namespace, code = load_source_main(source, filename)
+        except SyntaxError as error:
+            sys.excepthook(type(error), error.with_traceback(None), None)
+            return 1
+        try:
+            with GlooRelease.around_script():
+                execute_main(namespace, code)
+        except SystemExit:
+            raise
+        except BaseException as error:  # noqa: B902 -- as run_script
+            return _report_exception(error, filename)
+    return 0
+
+
 def _is_notebook(path: str) -> bool:
     if not os.path.isfile(path):
         return False
@@ -208,9 +229,14 @@ def main(argv: List[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(usage() + "\n")
         return 0 if argv else 2
-    if argv[0] == "-m":
+    if argv[0] in ("-m", "-c"):
         if len(argv) < 2:
-            sys.stderr.write("apexlite run: -m needs a module name\n" + usage() + "\n")
+            what = "a module name" if argv[0] == "-m" else "the code to run"
+            sys.stderr.write(f"apexlite run: {argv[0]} needs {what}\n" + usage() + "\n")
             return 2
+        if argv[0] == "-c":
+            return run_source(argv[1], "<string>", "-c", argv[2:])
         return run_module(argv[1], argv[2:])
+    if argv[0] == "-":
+        return run_source(sys.stdin.read(), "<stdin>", "-", argv[1:])
     return run_script(argv[0], argv[1:])

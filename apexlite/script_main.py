@@ -80,6 +80,17 @@ def load_main(path: str) -> Tuple[dict, Any]:
     return _file_namespace(absolute, compiled), code
 
 
+def load_source_main(source: str, filename: str) -> Tuple[dict, Any]:
+    """(namespace, code) for source given on the command line (`-c`, filename "<string>") or read from stdin
+    (`-`, "<stdin>"), as the interpreter runs it: the built-in importer as `__loader__`, and `__file__` (with
+    `__cached__` None) only for stdin."""
+    namespace = {"__name__": "__main__", "__doc__": None, "__loader__": importlib.machinery.BuiltinImporter,
+                 "__spec__": None, "__package__": None, "__builtins__": builtins, "__annotations__": {}}
+    if filename == "<stdin>":
+        namespace.update(__file__=filename, __cached__=None)
+    return namespace, compile(source, filename, "exec", dont_inherit=True)
+
+
 def execute_main(namespace: dict, code: Any) -> None:
     """Run `code` in a fresh `__main__` module that is sys.modules['__main__'] while it runs (pickle and
     multiprocessing look classes up there); the module that was there before is put back afterwards."""

@@ -147,3 +147,37 @@ def test_a_folder_without_main_is_refused_like_python(tmp_path):
     assert plain.returncode == under_run.returncode == 1
     assert f"can't find '__main__' module in {str(tmp_path / 'empty')!r}" in plain.stderr
     assert f"can't find '__main__' module in {str(tmp_path / 'empty')!r}" in under_run.stderr
+
+
+SOURCE_PROBE = textwrap.dedent('''
+    import json, sys, traceback
+    loader = globals().get("__loader__")
+    print(json.dumps({"name": __name__, "cached": globals().get("__cached__", "absent"), "argv": sys.argv, "path0": sys.path[0], "file": globals().get("__file__"),
+                      "names": sorted(globals()),
+                      "spec": __spec__ is None, "package": __package__, "doc": __doc__,
+                      "loader": getattr(loader, "__name__", type(loader).__name__),
+                      "code_file": traceback.extract_stack()[-1].filename,
+                      "main_is_this_module": sys.modules["__main__"].__dict__ is globals()}, sort_keys=True))
+    if "raise" in sys.argv:
+        raise ValueError("boom from the source probe")
+''')
+
+
+@pytest.mark.parametrize("argv_tail", [[], ["raise"]], ids=["runs", "raises"])
+@pytest.mark.parametrize("form", ["-c", "-"])
+def test_code_given_with_dash_c_or_on_stdin_runs_as_python_runs_it(tmp_path, form, argv_tail):
+    """`run -c CODE ARGS` and `run - ARGS` (the script on stdin), as `python -c` / `python -`: argv[0] is the flag,
+    sys.path[0] is '', no __file__, tracebacks name <string> / <stdin>; and apex imports resolve to apexlite."""
+    args = ["-c", SOURCE_PROBE, *argv_tail] if form == "-c" else ["-", *argv_tail]
+    stdin = SOURCE_PROBE if form == "-" else None
+    runs = [subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path,
+                           env=_env())
+            for command in ([sys.executable, *args], [sys.executable, "-m", "apexlite", "run", *args])]
+    plain, under_run = runs
+    assert under_run.returncode == plain.returncode == (1 if argv_tail else 0)
+    assert under_run.stdout == plain.stdout
+    if argv_tail:
+        assert _traceback(under_run.stderr) == _traceback(plain.stderr)
+    with_apex = subprocess.run([sys.executable, "-m", "apexlite", "run", "-c", "from apex import amp; print(amp.__name__)"],
+                               capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path, env=_env())
+    assert with_apex.stdout.strip() == "apexlite.compat.apex.amp"

@@ -80,10 +80,10 @@ class AmpOptimizer(ApexStashLists):
         self.grads.install(patcher)
 
     # --- backward bookkeeping, called by scale_loss ---------------------------------------------
-    def prepare_backward(self) -> None:
+    def prepare_backward(self, scale: float = 1.0) -> None:
         self._hooked_depth = 0  # a step that raised inside its hooks ended there
         if not self.params_have_scaled_gradients:
-            self.grads.prepare()
+            self.grads.prepare(scale)
 
     def post_backward(self, scaler: LossScaler, delay_unscale: bool) -> None:
         if delay_unscale:

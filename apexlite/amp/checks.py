@@ -139,6 +139,25 @@ def check_sharded_models(models: List[torch.nn.Module], opt_level: str, properti
             )
 
 
+def check_sharded_optimizers(optimizers: List[Any], opt_level: str, properties: Properties) -> None:
+    """Refuse fp32 masters for torch's ZeroRedundancyOptimizer: each rank steps the shard of the params it was
+    built with, and masters put in their place are in no shard, so nothing would train (silently)."""
+    if not properties.master_weights or not torch.distributed.is_available():
+        return
+    try:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+    except ImportError:
+        return
+    for optimizer in optimizers:
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            raise AmpConfigError(
+                f"opt_level={opt_level!r} keeps fp32 master weights in the optimizer's param groups, but a "
+                "ZeroRedundancyOptimizer steps only the shard of the params it was built with: the masters "
+                "would be in no shard and the model would not train. Use opt_level='O1' with it (fp32 weights, "
+                "O1 casts), or a plain optimizer at O2."
+            )
+
+
 def check_optimizers(optimizers: List[Any]) -> None:
     for optimizer in optimizers:
         name = type(optimizer).__name__

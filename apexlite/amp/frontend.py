@@ -17,6 +17,8 @@ from apexlite.amp.fused_master import FusedMasterGrads, supports_fused_master_st
 from apexlite.amp.handle import AmpHandle
 from apexlite.amp.legacy_state import legacy_flags
 from apexlite.amp.master import MasterParams
+from apexlite.amp.master_copies import stale_masters_note
+from apexlite.master_rounding import holds_master
 from apexlite.amp.master_sync import MastersFollowLoads
 from apexlite.amp.model_cast import cast_model, install_forward_scope, install_io_casts
 from apexlite.amp.o1.patches import set_o1_patches
@@ -30,6 +32,7 @@ from apexlite.amp.session import (
     DEFAULT_MAX_NONFINITE_LOSSES, AmpSession, ForwardScopeEnd, ForwardScopeStart, SessionOptions, current_session, log,
 )
 from apexlite.amp.transaction import InitializeTransaction
+
 
 def _as_list(value: Any) -> Tuple[List[Any], bool]:
     """(items, whether the caller passed a list) so results come back in the caller's shape."""
@@ -119,6 +122,7 @@ def _validate(properties: Properties, opt_level: str, model_list: List[Any], opt
     checks.check_optimizers(optimizer_list)
     check_carried_masters(optimizer_list, model_list)
     checks.check_sharded_models(model_list, opt_level, properties)
+    checks.check_sharded_optimizers(optimizer_list, opt_level, properties)
     registered = existing.models.items() if existing is not None else []
     checks.check_models_not_recast(model_list, registered, properties)
     if not legacy_flags.allow_incoming_model_not_fp32:
@@ -162,6 +166,7 @@ def _register(session: AmpSession, transaction: InitializeTransaction, model_lis
         amp_optimizer = AmpOptimizer(optimizer, session, grads)
         session.optimizers[id(optimizer)] = amp_optimizer
         amp_optimizer.install()
+    fp32_sources.clear()  # the grad strategies took what they need (MasterParams: until the first backward)
     if model_list or optimizer_list:
         session.from_initialize = True
 
@@ -181,11 +186,17 @@ def _restore_carried_masters(optimizer: Any, carried: List[Any], fp32_sources: O
     them) and the params take their values, as a load after initialize does (NOTE in checkpoint_convert.py)."""
     if not carried:
         return
+    stale = 0
     with torch.no_grad():
         for param, master in carried:
+            if not holds_master(param, master):
+                stale += 1  # the loaded weights are from another step than the masters: the weights win
+                continue
             param.copy_(master)
             if fp32_sources is not None and param.dtype != torch.float32:
                 fp32_sources[param] = master
+    if stale:
+        log.warning(stale_masters_note(stale, len(carried), type(optimizer).__name__))
 
 
 def _install_forward_scopes(session: AmpSession) -> None:

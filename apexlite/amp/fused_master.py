@@ -31,16 +31,21 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from apexlite.amp.plain_grads import PlainGrads, optimizer_params
+from apexlite._logging import get_logger
+from apexlite.amp.plain_grads import PlainGrads, optimizer_params, ranks_reduce_grads
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.errors import AmpUsageError
 from apexlite.amp.grad_strategy import spread
 from apexlite.amp.checkpoint_convert import MASTERS_KEY, without_marker
-from apexlite.amp.master_copies import LOW_PRECISION, check_saved_masters, copy_into
+from apexlite.amp.master_copies import (LOW_PRECISION, check_saved_masters, copy_into, keep_loaded_weights,
+                                        stale_masters_note, written_since_masters)
+from apexlite.master_rounding import holds_master
 from apexlite.amp.master_sync import MasterSync
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.optimizer_step import register_first_post_hook
 from apexlite.amp.scaler import LossScaler
+
+log = get_logger("amp")
 
 
 _ABSENT = object()
@@ -60,11 +65,13 @@ class FusedMasterGrads:
         self.optimizer = optimizer
         half_ids = {id(p) for p in self._half_params()}
         seeds = {p: s for p, s in (fp32_sources or {}).items() if id(p) in half_ids}
+        self._drop_stale_masters(seeds)
         optimizer.enable_master_weights(seeds)
         self._fp32_grads = PlainGrads(optimizer, params_fn=self._fp32_params)
         self._grads_scale = 1.0  # fast mode: the loss scale every current grad carries
         self._fp32_mode = False
         self._masters_read = False  # amp.master_params was read: every backward enters fp32 mode
+        self._warned_ranks = False
         self._posted = False  # a scale_loss block ended since the last step or zero_grad
         self._stash: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._grad_sample: List[torch.Tensor] = []  # model_grad_sample: from the last post
@@ -72,6 +79,16 @@ class FusedMasterGrads:
         self._own_leave_flag: Any = _ABSENT
         self.update_finished = False  # set by the step post-hook: this step's update is done
         self.sync_from_model = MasterSync(self.master_pairs, type(optimizer).__name__, carried)  # master_sync.py
+
+    def _drop_stale_masters(self, seeds: Dict[torch.Tensor, torch.Tensor]) -> None:
+        """Masters in per-param state (an optimizer checkpoint loaded before initialize) that the model weights
+        loaded beside them do not hold were left behind by a run without amp: the weights win (warned)."""
+        stale = [param for param, seed in seeds.items() if "master_param" in self.optimizer.state.get(param, {})
+                 and not holds_master(seed, self.optimizer.state[param]["master_param"])]
+        for param in stale:
+            del self.optimizer.state[param]["master_param"]
+        if stale:
+            log.warning(stale_masters_note(len(stale), len(seeds), type(self.optimizer).__name__))
 
     def _half_params(self) -> List[torch.Tensor]:
         return [p for p in optimizer_params(self.optimizer) if p.dtype in LOW_PRECISION]
@@ -96,18 +113,40 @@ class FusedMasterGrads:
         return self._grad_sample
 
     # --- strategy interface used by AmpOptimizer ------------------------------------------------
-    def prepare(self) -> None:
+    def prepare(self, scale: float = 1.0) -> None:
         self.sync_from_model()
+        present = [param.grad for param in optimizer_params(self.optimizer) if param.grad is not None]
+        if present and self._posted and ranks_reduce_grads():
+            if not self._fp32_mode and not self._masters_read:
+                self._scale_in_place(present, scale)  # (see _scale_in_place)
+                return
+            if not self._warned_ranks:
+                self._warned_ranks = True
+                log.warning("amp O2 with %s's fp32 masters, across ranks: a backward adds to grads of earlier "
+                            "micro-batches after amp.master_params was read, which moved them to the masters: if "
+                            "they ran under DDP's no_sync() they were never all-reduced and the ranks drift apart. "
+                            "Pass delay_unscale=True to the scale_loss blocks of the micro-batches before the last, "
+                            "which keeps their grads where DDP reduces them (said once)", type(self.optimizer).__name__)
         if self._fp32_mode:
             for param in self._half_params():  # their sums so far live on the masters
                 param.grad = None
-            self._fp32_grads.prepare()
+            self._fp32_grads.prepare(scale)
             return
         self._stash = []
         for param in optimizer_params(self.optimizer):
             if param.grad is not None:
                 self._stash.append((param, param.grad))
                 param.grad = None
+
+    def _scale_in_place(self, grads: List[torch.Tensor], scale: float) -> None:
+        """Across ranks, grads of earlier micro-batches stay on the params, brought to loss scale `scale`, for the
+        backward to add to: DDP all-reduces what `.grad` holds (micro-batches under `no_sync()` included), and
+        the step unscales the sum as after one backward (fp32 params' grads were unscaled at `post`)."""
+        for grad in grads:
+            factor = scale / self._grads_scale if grad.dtype in LOW_PRECISION else scale
+            if factor != 1.0:
+                grad.mul_(factor)
+        self._stash = []
 
     def post(self, scaler: LossScaler) -> None:
         self._posted = True
@@ -275,14 +314,18 @@ class FusedMasterGrads:
         halves = self._half_params()
         if saved is not None:  # before anything is loaded (FusedAdam checks its per-param state itself)
             check_saved_masters(saved, halves)
+        written = written_since_masters(halves, [self._master(param) for param in halves])
         self._load_state_dict(state_dict)
         self.sync_from_model.done = True  # the masters come from the checkpoint (or FusedAdam's own state)
-        if saved is None:
-            return
-        with torch.no_grad():
-            for param, master in zip(halves, saved):
-                self._master(param).copy_(master)
-                param.copy_(master)
+        if saved is not None:
+            with torch.no_grad():
+                for param, master in zip(halves, saved):
+                    self._master(param).copy_(master)
+        masters = [self._master(param) for param in halves]
+        rebuilt = keep_loaded_weights(halves, masters, written)
+        if rebuilt:
+            log.warning(stale_masters_note(rebuilt, len(halves), type(self.optimizer).__name__))
+        copy_into(halves, masters)
 
     def detach(self) -> None:
         """Session teardown: the optimizer keeps its fp32 masters (the model stays in half precision)."""

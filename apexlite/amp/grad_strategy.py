@@ -37,8 +37,9 @@ class GradStrategy(Protocol):
     def install(self, patcher: Patcher) -> None:
         """Replace the optimizer methods this strategy needs (zero_grad, state_dict, ...) through `patcher`."""
 
-    def prepare(self) -> None:
-        """Before a backward: move grads already present aside, so the new ones can be checked alone."""
+    def prepare(self, scale: float = 1.0) -> None:
+        """Before a backward run with loss scale `scale`: move grads already present aside, so the new ones can be
+        checked alone (or, where ranks reduce grads, scale them so the backward adds to them)."""
 
     def post(self, scaler: LossScaler) -> None:
         """After a backward: unscale and check the new grads, then merge them with the ones set aside."""

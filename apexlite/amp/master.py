@@ -29,13 +29,15 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from apexlite._logging import get_logger
-from apexlite.amp.plain_grads import PlainGrads, optimizer_params
+from apexlite.amp.plain_grads import PlainGrads, optimizer_params, ranks_reduce_grads
 from apexlite.amp.checkpoint_convert import MASTERS_KEY, mark_masters, without_marker
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.errors import AmpUsageError
 from apexlite.amp.grad_strategy import spread
-from apexlite.amp.master_copies import LOW_PRECISION, check_saved_masters, copy_into
+from apexlite.amp.master_copies import (LOW_PRECISION, check_saved_masters, copy_into, keep_loaded_weights,
+                                        stale_masters_note, written_since_masters)
 from apexlite.amp.master_sync import MasterSync
+from apexlite.master_rounding import holds_master
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.optimizer_step import register_first_post_hook
 from apexlite.amp.scaler import LossScaler
@@ -51,18 +53,28 @@ class MasterParams:
         self.optimizer = optimizer
         self.model_params: List[torch.Tensor] = []
         self.masters: List[torch.Tensor] = []
-        self._fp32_sources = fp32_sources or {}
+        # fp32 copies of the params from before the cast; those of params without a master yet (frozen) are
+        # kept until the first backward, apex's moment for making masters, then dropped (memory; see post)
+        in_groups = {id(param) for group in optimizer.param_groups for param in group["params"]}
+        self._fp32_sources = {param: source for param, source in (fp32_sources or {}).items()
+                              if id(param) in in_groups}
         self.update_finished = False  # set by the step post-hook: this step's update is done
         self._model_follows = False  # ... and the model params hold the updated masters
         self._grad_sample: List[torch.Tensor] = []  # model_grad_sample: from the last post
         self.restored = 0  # masters taken from per-param state a checkpoint loaded before initialize carried
+        self.stale = 0  # ... and such masters the loaded weights beside them do not hold (left out)
         for group in optimizer.param_groups:
             self._replace_in_group(group)
+        if self.stale:
+            log.warning(stale_masters_note(self.stale, self.stale + self.restored, type(optimizer).__name__))
         if self.restored:
             log.info("restored %d fp32 master weight(s) of %s from the optimizer state it loaded before "
                      "amp.initialize", self.restored, type(optimizer).__name__)
             self.copy_masters_to_model()
         self._fp32_grads = PlainGrads(optimizer, params_fn=self._fp32_params)
+        self._in_place = False  # this backward adds to the model's grads of earlier micro-batches (prepare)
+        self._grads_scale = 1.0  # the loss scale of the model's grads
+        self._posted = False  # a backward's grads reached the masters since the last step
         self.sync_from_model = MasterSync(self.master_pairs, type(optimizer).__name__, carried or self.restored > 0)
 
     # --- construction -------------------------------------------------------------------------
@@ -72,8 +84,11 @@ class MasterParams:
         state = self.optimizer.state.pop(param, None)
         carried = state.pop("master_param", None) if state else None
         if isinstance(carried, torch.Tensor) and carried.shape == param.shape:  # NOTE in checkpoint_convert.py
-            data = carried.detach().to(device=param.device, dtype=torch.float32)
-            self.restored += 1
+            if holds_master(data, carried):
+                data = carried.detach().to(device=param.device, dtype=torch.float32)
+                self.restored += 1
+            else:  # the loaded weights are newer (master_rounding.py)
+                self.stale += 1
         master = torch.nn.Parameter(data, requires_grad=True)
         if state:
             self.optimizer.state[master] = {
@@ -111,14 +126,27 @@ class MasterParams:
         return [p for p in optimizer_params(self.optimizer) if id(p) not in masters]
 
     # --- strategy interface used by AmpOptimizer ------------------------------------------------
-    def prepare(self) -> None:
+    def prepare(self, scale: float = 1.0) -> None:
+        """Before a backward with loss scale `scale`. The model's grads of earlier micro-batches are on the
+        masters already; across ranks they stay on the model too, brought to this scale, for the backward to add
+        to: DDP all-reduces what the model's `.grad` holds (micro-batches under `no_sync()` included), and
+        `post` then makes the masters' grads of the whole sum."""
         self.sync_from_model()
-        for param in self.model_params:
-            param.grad = None
-        self._fp32_grads.prepare()
+        self._in_place = self._posted and ranks_reduce_grads() and any(param.grad is not None
+                                                                       for param in self.model_params)
+        if self._in_place and scale != self._grads_scale:
+            for grad in (param.grad for param in self.model_params if param.grad is not None):
+                grad.mul_(scale / self._grads_scale)
+        if not self._in_place:
+            for param in self.model_params:
+                param.grad = None
+        self._grads_scale = scale
+        self._fp32_grads.prepare(scale)
 
     def post(self, scaler: LossScaler) -> None:
+        self._posted = True
         self._adopt_unfrozen()
+        self._fp32_sources = {}  # a param unfrozen from now on starts from its half weights, as in apex
         pairs = [(m, p.grad) for p, m in zip(self.model_params, self.masters) if p.grad is not None]
         if any(grad.is_sparse for _, grad in pairs):
             raise sparse_grad_error()
@@ -127,7 +155,8 @@ class MasterParams:
             fresh = [grad.to(torch.float32, copy=True) for _, grad in pairs]
             if scaler.checks_overflow:
                 scaler.unscale(fresh)
-            accumulate = [(g, m.grad) for g, (m, _) in zip(fresh, pairs) if m.grad is not None]
+            accumulate = [] if self._in_place else [(g, m.grad) for g, (m, _) in zip(fresh, pairs)
+                                                    if m.grad is not None]
             if accumulate:
                 torch._foreach_add_([a for a, _ in accumulate], [b for _, b in accumulate])
             for grad, (master, _) in zip(fresh, pairs):
@@ -178,6 +207,7 @@ class MasterParams:
         if not self._model_follows:  # an optimizer without step hooks, or a hook that raised part-way
             self.copy_masters_to_model()
         self._model_follows = False
+        self._posted = False
         for master in self.masters:
             master.grad = None
 
@@ -188,6 +218,7 @@ class MasterParams:
 
     def on_skip(self) -> None:
         """Drop the overflowed grads (masters', model params', fp32 params') with the step."""
+        self._posted = False
         for master, param in zip(self.masters, self.model_params):
             master.grad = None
             param.grad = None
@@ -266,8 +297,12 @@ class MasterParams:
             with torch.no_grad():
                 torch._foreach_copy_(self.masters, [p.float() for p in self.model_params])
             return
+        written = written_since_masters(self.model_params, self.masters)
         with torch.no_grad():
             torch._foreach_copy_(self.masters, [t.to(m.device) for t, m in zip(saved, self.masters)])
+        rebuilt = keep_loaded_weights(self.model_params, self.masters, written)
+        if rebuilt:
+            log.warning(stale_masters_note(rebuilt, len(self.masters), type(self.optimizer).__name__))
         self.copy_masters_to_model()
 
     def _take_optimizer_owned_masters(self, state_dict: Dict[str, Any]) -> Optional[List[torch.Tensor]]:

@@ -42,3 +42,32 @@ def check_saved_masters(saved: Any, targets: List[torch.Tensor]) -> None:
                 f"optimizer checkpoint master {index} has shape {tuple(tensor.shape)} but this O2 optimizer's "
                 f"has {tuple(target.shape)}: it was saved from a different model."
             )
+
+
+def written_since_masters(params: List[torch.Tensor], masters: List[torch.Tensor]) -> List[bool]:
+    """For each low-precision param, whether it was written since its master was (a model `load_state_dict`):
+    it no longer holds the master rounded to its dtype."""
+    return [not torch.equal(param, master.to(param.dtype)) for param, master in zip(params, masters)]
+
+
+def keep_loaded_weights(params: List[torch.Tensor], masters: List[torch.Tensor], written: List[bool]) -> int:
+    """After an optimizer checkpoint set `masters`: where a param was written before that load (`written`) and
+    the loaded master does not round to it, the model's checkpoint and the optimizer's come from different
+    steps (a run continued without amp kept the old masters): the loaded model weights win, as apex built
+    its masters from them; returns how many masters were rebuilt so."""
+    stale = [(param, master) for param, master, fresh in zip(params, masters, written)
+             if fresh and not torch.equal(param, master.to(param.dtype))]
+    with torch.no_grad():
+        for param, master in stale:
+            master.copy_(param)
+    return len(stale)
+
+
+def stale_masters_note(rebuilt: int, total: int, label: str) -> str:
+    """The warning when loaded masters were set aside for the model's weights (`keep_loaded_weights`, and the
+    loads before initialize)."""
+    return (f"{label}: the optimizer checkpoint's fp32 masters of {rebuilt} of {total} params do not round to the "
+            "model's weights, which every apexlite O2 checkpoint's do: the model's weights come from another step "
+            "(a run without amp kept the old masters) or were not loaded. Those masters were rebuilt from the "
+            "model's weights, as apex built them; load the model's weights from the optimizer's checkpoint to "
+            "resume from it")

@@ -6,10 +6,20 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 
+from apexlite._logging import get_logger
 from apexlite.amp.checkpoint_convert import copy_masters_into_params, take_masters_for_params, without_marker
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.scaler import LossScaler
+
+
+log = get_logger("amp")
+
+
+def ranks_reduce_grads() -> bool:
+    """Whether grads may be all-reduced across ranks (DDP): a process group of more than one process."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def optimizer_params(optimizer: Any) -> List[torch.Tensor]:
@@ -22,6 +32,9 @@ class PlainGrads:
 
     Several `scale_loss` blocks before one step accumulate correctly: grads present before a backward
     are stashed (already unscaled), the new grads are unscaled and checked, then the stash is added back.
+    Across ranks they stay where they are, multiplied by the loss scale, and the backward adds to them: DDP
+    all-reduces what `.grad` holds, so micro-batches run under `no_sync()` reach the other ranks (stashed,
+    each rank would add back its own, as with apex). With a power-of-two scale both ways give the same bits.
     """
 
     def __init__(self, optimizer: Any, params_fn: Optional[Callable[[], List[torch.Tensor]]] = None,
@@ -31,6 +44,7 @@ class PlainGrads:
         self._params_fn = params_fn
         self._models_fn = models_fn
         self._stash: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        self._in_place = False  # this backward adds to the grads already there (ranks_reduce_grads)
 
     def install(self, patcher: Patcher) -> None:
         """Let the optimizer load O2 checkpoints (masters become the params' values)."""
@@ -49,12 +63,20 @@ class PlainGrads:
             return self._params_fn()
         return optimizer_params(self.optimizer)
 
-    def prepare(self) -> None:
+    def prepare(self, scale: float = 1.0) -> None:
+        """Before a backward (see the class docstring); `scale`: the loss scale it runs with."""
         self._stash = []
-        for param in self.params():
-            if param.grad is not None:
-                self._stash.append((param, param.grad))
-                param.grad = None
+        self._in_place = False
+        present = [param for param in self.params() if param.grad is not None]
+        if present and ranks_reduce_grads():
+            self._in_place = True
+            if scale != 1.0:
+                for grad in (param.grad for param in present):
+                    grad.mul_(scale)
+            return
+        for param in present:
+            self._stash.append((param, param.grad))
+            param.grad = None
 
     def adopt_stash(self, pairs: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Take (param, unscaled grad) pairs stashed elsewhere, to be added back by `post`."""
@@ -71,7 +93,12 @@ class PlainGrads:
         return [p.grad for p in self.params() if p.grad is not None]
 
     def discard_new(self) -> None:
-        """Drop what the current backward produced and put the older grads back, exactly as they were."""
+        """Drop what the current backward produced and put the older grads back, exactly as they were (across
+        ranks the older grads were summed into the overflowed ones: they go too, with a warning)."""
+        if self._in_place:
+            log.warning("amp: a scale_loss block raised with overflowed grads, which, across ranks, hold the "
+                        "earlier micro-batches' grads of this step too: they are all dropped; rerun those "
+                        "micro-batches or skip the step")
         for param in self.params():
             param.grad = None
         for param, grad in self._stash:

@@ -71,7 +71,7 @@ def scaled_backward(session: AmpSession, loss: torch.Tensor, amp_optimizers: Lis
         return
 
     for amp_optimizer in amp_optimizers:
-        amp_optimizer.prepare_backward()
+        amp_optimizer.prepare_backward(scaler.loss_scale())
     try:
         yield base * scaler.loss_scale()
     except BaseException:

@@ -45,7 +45,7 @@ def settle_loaded(optimizer: torch.optim.Optimizer, state_dict: Dict[str, Any], 
     adam_state.settle_weight_decay_modes(optimizer.param_groups, built_modes)
     if len({group["adam_w_mode"] for group in optimizer.param_groups}) == 1:
         optimizer.adam_w_mode = int(optimizer.param_groups[0]["adam_w_mode"])
-    handed_over = 0
+    handed = []
     for pid, saved in state_dict["state"].items():
         param = by_id.get(pid)
         if param is None:
@@ -53,8 +53,15 @@ def settle_loaded(optimizer: torch.optim.Optimizer, state_dict: Dict[str, Any], 
         for key, value in saved.items():
             if torch.is_tensor(value):
                 optimizer.state[param][key] = adam_state.restore_value(key, value, param, optimizer.exp_avg_dtype)
-        handed_over += adam_state.hand_master_to_fp32_param(param, optimizer.state[param])
+        handed.append(adam_state.hand_master_to_fp32_param(param, optimizer.state[param]))
         adam_state.prepare_state(param, optimizer.state[param])
+    handed_over, stale = handed.count("taken"), handed.count("stale")
+    if stale:
+        _log.warning("FusedAdam.load_state_dict: %d fp32 master weight(s) in the checkpoint are not their params' "
+                     "values nor their fp16/bf16 rounding, which every apexlite O2 checkpoint's are: the params come "
+                     "from another step (a run without amp kept the old masters) or were not loaded. Those params "
+                     "keep their values; load the model's weights from the optimizer's checkpoint to resume from it",
+                     stale)
     if handed_over:
         _log.info("FusedAdam.load_state_dict: the checkpoint holds fp32 master weights (amp O2 or "
                   "master_weights=True) for %d float32 params (amp O0/O1); each param took its master's "

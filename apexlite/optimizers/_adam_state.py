@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from apexlite._logging import get_logger
+from apexlite.master_rounding import holds_master
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -146,19 +147,21 @@ def check_checkpoint_shapes(saved_state: Dict, params_by_id: Dict) -> None:
                 )
 
 
-def hand_master_to_fp32_param(param: torch.Tensor, state: dict) -> bool:
-    """A master for a float32 param (an O2 checkpoint in an O0/O1 run): the param takes its values.
-
-    A float32 param is its own master; keeping a second one would make the step write a float32
-    "copy" the kernels do not accept. Returns whether a master was handed over.
-    """
+def hand_master_to_fp32_param(param: torch.Tensor, state: dict) -> str:
+    """A master for a float32 param (an O2 checkpoint in an O0/O1 run, or loaded before amp.initialize): the
+    param takes its values ("taken"), unless the param does not hold that master nor its fp16/bf16 rounding:
+    then the master is from an older step than the loaded weights (a run without amp kept it) and the param
+    keeps its value ("stale"). Either way the master goes: a float32 param is its own master, and a second one
+    would make the step write a float32 "copy" the kernels do not accept. "" when there is none."""
     master = state.get("master_param")
     if master is None or param.dtype != torch.float32:
-        return False
-    with torch.no_grad():
-        param.copy_(master)
+        return ""
+    taken = holds_master(param, master)
+    if taken:
+        with torch.no_grad():
+            param.copy_(master)
     del state["master_param"]
-    return True
+    return "taken" if taken else "stale"
 
 
 def step_grad(param: torch.Tensor, state: Optional[dict]) -> Tuple[Optional[torch.Tensor], bool]:

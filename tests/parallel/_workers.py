@@ -5,6 +5,7 @@ single-process reference on the whole batch, so DDP's averaged gradient equals t
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -12,6 +13,7 @@ import torch.distributed as dist
 
 from apexlite import amp
 from apexlite.compat.apex.parallel.distributed import DistributedDataParallel as ApexDDP
+from apexlite.optimizers import FusedAdam
 from apexlite.parallel import DistributedDataParallel, sync_overflow
 
 GLOBAL_BATCH = 8
@@ -166,3 +168,54 @@ def ddp_checkpoint(rank: int, world: int, path: str) -> dict:
     resumed = fp32_params(ddp)
     amp.deinitialize()
     return dict(uninterrupted=uninterrupted, resumed=resumed, loaded_scale=loaded_scale, scale=scale_saved)
+
+
+def ddp_no_sync_accumulation(rank: int, world: int, setups: List[Tuple[str, str]]) -> Dict[tuple, dict]:
+    """Two micro-batches a step, the first under DDP's no_sync(), for each (opt level, optimizer): with
+    scale_loss's defaults, and with delay_unscale=True on the first (apex's way, which keeps the grads scaled
+    where DDP all-reduces them)."""
+    out = {}
+    for level, kind in setups:
+        for delay in (False, True):
+            model = tiny_model()
+            optimizer = FusedAdam(model.parameters(), lr=1e-2) if kind == "FusedAdam" else \
+                torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            model, optimizer = amp.initialize(model, optimizer, opt_level=level, **AMP_KWARGS)
+            ddp = torch.nn.parallel.DistributedDataParallel(model)
+            for batch in batches():
+                x, y = shard(batch, rank, world)
+                half = len(x) // 2
+                for micro in range(2):
+                    part = slice(micro * half, (micro + 1) * half)
+                    with ddp.no_sync() if micro == 0 else contextlib.nullcontext():
+                        loss = torch.nn.functional.mse_loss(ddp(x[part]).float(), y[part])
+                        with amp.scale_loss(loss, optimizer, delay_unscale=delay and micro == 0) as scaled:
+                            scaled.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            out[(level, kind, delay)] = fp32_params(ddp)
+            amp.deinitialize()
+    return out
+
+
+def zero_redundancy(rank: int, world: int) -> dict:
+    """torch's ZeroRedundancyOptimizer: O2 (its masters would be in no shard) is refused; O1 trains as a plain
+    Adam does."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    out = {}
+    for level, sharded in (("O2", True), ("O1", True), ("O1", False)):
+        model = tiny_model()
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=1e-2) if sharded else \
+            torch.optim.Adam(model.parameters(), lr=1e-2)
+        try:
+            model, optimizer = amp.initialize(model, optimizer, opt_level=level, **AMP_KWARGS)
+        except Exception as error:  # noqa: BLE001 (the refusal is what this case returns)
+            out[(level, sharded)] = f"{type(error).__name__}: {error}"
+            continue
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        for batch in batches():
+            train_step(ddp, optimizer, *shard(batch, rank, world))
+        out[(level, sharded)] = fp32_params(ddp)
+        amp.deinitialize()
+    return out

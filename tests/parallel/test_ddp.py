@@ -62,3 +62,26 @@ def test_checkpoint_from_rank0_resumes_every_rank(tmp_path):
         assert result["loaded_scale"] == {"loss_scale": 2.0 ** 15, "unskipped": 2}
         _assert_equal_dicts(result["resumed"], result["uninterrupted"])
     _assert_equal_dicts(ranks[0]["resumed"], ranks[1]["resumed"])
+
+
+ACCUMULATION = [("O1", "SGD"), ("O2", "SGD"), ("O2", "FusedAdam")]
+
+
+def test_accumulation_under_no_sync_reaches_every_rank():
+    """A micro-batch run under DDP's no_sync() is all-reduced with the next one, as with torch.amp: scale_loss
+    once set its grads aside during that backward (as apex did), and each rank added back its own (0.1 apart
+    after 3 steps). The reference: the same run with delay_unscale=True on the no_sync blocks, bit for bit."""
+    ranks = run_ranks(_workers.ddp_no_sync_accumulation, ACCUMULATION, timeout=90)
+    for level, kind in ACCUMULATION:
+        _assert_equal_dicts(ranks[0][(level, kind, False)], ranks[1][(level, kind, False)])
+        _assert_equal_dicts(ranks[0][(level, kind, False)], ranks[0][(level, kind, True)])
+
+
+def test_zero_redundancy_optimizer_is_refused_at_o2_and_trains_at_o1():
+    """At O2 the fp32 masters replace the params in ZeroRedundancyOptimizer's groups, in none of its shards: the
+    model did not train, silently. Refused; at O1 it trains as torch's unsharded Adam does, bit for bit."""
+    ranks = run_ranks(_workers.zero_redundancy, timeout=90)
+    for result in ranks:
+        assert result[("O2", True)].startswith("AmpConfigError") and "ZeroRedundancyOptimizer" in result[("O2", True)]
+        _assert_equal_dicts(result[("O1", True)], result[("O1", False)])
+    _assert_equal_dicts(ranks[0][("O1", True)], ranks[1][("O1", True)])

@@ -105,6 +105,11 @@ def is_pure(node: cst.BaseExpression) -> bool:
         return is_pure(node.left) and is_pure(node.right)
     if isinstance(node, cst.Comparison):
         return is_pure(node.left) and all(is_pure(target.comparator) for target in node.comparisons)
+    if isinstance(node, cst.IfExp):
+        return is_pure(node.test) and is_pure(node.body) and is_pure(node.orelse)
+    if isinstance(node, cst.FormattedString):
+        return all(not isinstance(part, cst.FormattedStringExpression) or is_pure(part.expression)
+                   for part in node.parts)
     return False
 
 

@@ -23,7 +23,7 @@ from apexlite.migrate.class_ties import HomeClass, home_class
 from apexlite.migrate.device import CPU, CUDA, RUNTIME, built_here
 from apexlite.migrate.edits import Plan
 from apexlite.migrate.guards import Guard, check_guard, enabled_code, model_touched_before, read_guard
-from apexlite.migrate.level_switch import and_flags, o0_switch, runtime_o0_test
+from apexlite.migrate.level_switch import gate_runtime_o0, o0_switch
 from apexlite.migrate.options import O2_APEXLITE, MigrateOptions
 from apexlite.migrate.recipes import AUTOCAST, KEEP, NONE, O2_KEPT_REASON, Kept, choose_recipe
 from apexlite.migrate.values import NOT_LITERAL, argparse_default, bind, elements, literal
@@ -266,10 +266,10 @@ def read(plan: Plan, options: MigrateOptions, device: str) -> Optional[AmpSetup]
     flag_node = enabled_node if enabled is NOT_LITERAL else None
     runtime_source = ""
     if switch is None and enabled is not False:  # a run-time O0 is plain fp32 whatever level was migrated
-        runtime_o0 = runtime_o0_test(analysis, bound.value("opt_level"), level, guard.conditions)
-        if runtime_o0 is not None:
-            runtime_source = ("its enabled=, and " if flag_node is not None else "") + "O0 at run time is fp32"
-        flag_node = and_flags(flag_node, runtime_o0)
+        gated = gate_runtime_o0(plan, call, bound.value("opt_level"), level, guard.conditions, flag_node)
+        if gated is None:
+            return None
+        flag_node, runtime_source = gated
     overrides = _resolved_options(plan, options, bound, call, level, anchor)
     dtype_value = overrides.pop("dtype")
     try:

@@ -17,6 +17,7 @@ import libcst as cst
 from apexlite.amp.opt_levels import OPT_LEVELS
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import Analysis
+from apexlite.migrate.edits import Plan
 from apexlite.migrate.guards import Condition, is_pure
 from apexlite.migrate.values import NOT_LITERAL, literal
 
@@ -32,19 +33,42 @@ def o0_switch(analysis: Analysis, node: Optional[cst.BaseExpression]) -> Optiona
     return None
 
 
+def needs_o0_test(analysis: Analysis, node: Optional[cst.BaseExpression], migrated_level: str,
+                  conditions: List[Condition]) -> bool:
+    """Whether `node` is an opt level chosen at run time, migrated for a level other than O0, that no `if` around
+    amp.initialize already tests (`if args.opt_level != "O0":`): a run choosing O0 must then turn amp off."""
+    if node is None or migrated_level == "O0" or literal(analysis, node) is not NOT_LITERAL:
+        return False
+    code = analysis.code(node).strip()
+    return not any(code in analysis.code(condition.test) for condition in conditions)
+
+
 def runtime_o0_test(analysis: Analysis, node: Optional[cst.BaseExpression], migrated_level: str,
                     conditions: List[Condition]) -> Optional[cst.BaseExpression]:
-    """`<node> != "O0"` for a pure run-time opt level migrated for a level other than O0, else None; None too
-    when an `if` around amp.initialize already tests that level (`if args.opt_level != "O0":`)."""
-    if node is None or migrated_level == "O0" or literal(analysis, node) is not NOT_LITERAL or not is_pure(node):
-        return None
-    code = analysis.code(node).strip()
-    if any(code in analysis.code(condition.test) for condition in conditions):
+    """`<node> != "O0"` where `needs_o0_test` and `node` can be evaluated again (is_pure), else None."""
+    if not needs_o0_test(analysis, node, migrated_level, conditions) or not is_pure(node):
         return None
     if not isinstance(node, (cst.Name, cst.Attribute, cst.Subscript)):
         node = node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     return cst.Comparison(left=node, comparisons=[cst.ComparisonTarget(operator=cst.NotEqual(),
                                                                        comparator=cst.SimpleString('"O0"'))])
+
+
+def gate_runtime_o0(plan: Plan, call: cst.Call, node: Optional[cst.BaseExpression], migrated_level: str,
+                    conditions: List[Condition], flag: Optional[cst.BaseExpression]
+                    ) -> Optional[Tuple[Optional[cst.BaseExpression], str]]:
+    """(the `enabled` flag, what it reads: "" when unchanged) with `runtime_o0_test` joined to `flag`; None, with
+    a TODO, for a run-time level migrate cannot evaluate again (a call: `os.environ.get(...)`)."""
+    analysis = plan.analysis
+    test = runtime_o0_test(analysis, node, migrated_level, conditions)
+    if test is None and needs_o0_test(analysis, node, migrated_level, conditions):
+        plan.todo(call, f"opt_level comes from `{analysis.code(node).strip()}` at run time, which migrate cannot "
+                        "evaluate again to turn autocast and the GradScaler off when it is O0: assign it to a "
+                        "variable before amp.initialize (`opt_level = ...`), pass that, and run migrate again")
+        return None
+    if test is None:
+        return flag, ""
+    return and_flags(flag, test), ("its enabled=, and " if flag is not None else "") + "O0 at run time is fp32"
 
 
 def and_flags(first: Optional[cst.BaseExpression], second: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:

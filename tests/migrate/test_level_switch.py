@@ -76,6 +76,7 @@ def test_apexs_ddp_becomes_torchs_only_where_amp_cannot_run_o2(level, torch_ddp)
 @pytest.mark.parametrize("arguments, enabled", [
     ("opt_level=level", 'enabled=level != "O0"'),
     ("opt_level=level, enabled=fp16", 'enabled=fp16 and level != "O0"'),
+    ('opt_level=level if fp16 else "O0"', 'enabled=(level if fp16 else "O0") != "O0"'),
 ])
 def test_a_run_time_o0_stays_fp32_after_migrating_another_level(arguments, enabled):
     """A level chosen at run time, migrated for O1 by --opt-level: the run that picks O0 trains in fp32 as the
@@ -104,3 +105,13 @@ def test_a_run_time_o0_stays_fp32_after_migrating_another_level(arguments, enabl
         if level == "O0":
             assert runs[0]["loss"].dtype == torch.float32
             assert torch.equal(runs[0]["model"].weight, runs[1]["model"].weight)
+
+
+def test_a_run_time_opt_level_migrate_cannot_evaluate_again_is_a_todo():
+    """`opt_level=os.environ.get(...)` (a call): no `enabled=` can repeat it, and without one a run choosing O0
+    would train in fp16, so migrate says what to write rather than call the rewrite complete."""
+    source = SCRIPT.format(setup="import os", arguments='opt_level=os.environ.get("OPT_LEVEL", "O1")')
+    result = migrate_source(source.encode(), MigrateOptions(opt_level="O1"))
+    assert result.exit_status == 1
+    assert any("cannot evaluate again to turn autocast and the GradScaler off when it is O0" in str(todo)
+               for todo in result.todos), result.todos

@@ -128,3 +128,27 @@ def copy_masters_into_params(pairs: List[Any], optimizer: Any) -> None:
                 if state and "master_param" in state and not getattr(optimizer, "master_weights", False):
                     param.copy_(state.pop("master_param").to(param.device))
 
+
+
+def take_owned_masters(state_dict: Dict[str, Any], params: List[torch.Tensor],
+                       masters: List[torch.Tensor]) -> Optional[List[torch.Tensor]]:
+    """`masters`' values from a checkpoint of an optimizer that kept them in its per-param state (FusedAdam's
+    fused O2: `master_param`), taken out of `state_dict` (its state copied where changed) before the optimizer
+    loads it; `params` are the live optimizer's, in param-group order. None when any master has none."""
+    ids = [pid for group in state_dict.get("param_groups", []) for pid in group.get("params", [])]
+    position = {id(param): index for index, param in enumerate(params)}
+    saved_state = dict(state_dict.get("state", {}))
+    owned = []
+    for master in masters:
+        index = position.get(id(master))
+        pid = ids[index] if index is not None and index < len(ids) else None
+        entry = saved_state.get(pid)
+        if not isinstance(entry, dict) or "master_param" not in entry:
+            return None
+        entry = dict(entry)
+        owned.append(entry.pop("master_param"))
+        saved_state[pid] = entry
+    if not owned:
+        return None
+    state_dict["state"] = saved_state
+    return owned

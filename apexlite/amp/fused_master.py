@@ -38,7 +38,7 @@ from apexlite.amp.errors import AmpUsageError
 from apexlite.amp.grad_strategy import spread
 from apexlite.amp.checkpoint_convert import MASTERS_KEY, without_marker
 from apexlite.amp.master_copies import (LOW_PRECISION, check_saved_masters, copy_into, keep_loaded_weights,
-                                        stale_masters_note, written_since_masters)
+                                        o2_accumulation_note, stale_masters_note, written_since_masters)
 from apexlite.master_rounding import holds_master
 from apexlite.amp.master_sync import MasterSync
 from apexlite.amp.o1.patcher import Patcher
@@ -115,18 +115,10 @@ class FusedMasterGrads:
     # --- strategy interface used by AmpOptimizer ------------------------------------------------
     def prepare(self, scale: float = 1.0) -> None:
         self.sync_from_model()
-        present = [param.grad for param in optimizer_params(self.optimizer) if param.grad is not None]
-        if present and self._posted and ranks_reduce_grads():
-            if not self._fp32_mode and not self._masters_read:
-                self._scale_in_place(present, scale)  # (see _scale_in_place)
-                return
-            if not self._warned_ranks:
-                self._warned_ranks = True
-                log.warning("amp O2 with %s's fp32 masters, across ranks: a backward adds to grads of earlier "
-                            "micro-batches after amp.master_params was read, which moved them to the masters: if "
-                            "they ran under DDP's no_sync() they were never all-reduced and the ranks drift apart. "
-                            "Pass delay_unscale=True to the scale_loss blocks of the micro-batches before the last, "
-                            "which keeps their grads where DDP reduces them (said once)", type(self.optimizer).__name__)
+        if not self._warned_ranks and self._posted and ranks_reduce_grads() and any(
+                param.grad is not None for param in self._half_params()):
+            self._warned_ranks = True
+            log.warning(o2_accumulation_note(type(self.optimizer).__name__))
         if self._fp32_mode:
             for param in self._half_params():  # their sums so far live on the masters
                 param.grad = None
@@ -137,16 +129,6 @@ class FusedMasterGrads:
             if param.grad is not None:
                 self._stash.append((param, param.grad))
                 param.grad = None
-
-    def _scale_in_place(self, grads: List[torch.Tensor], scale: float) -> None:
-        """Across ranks, grads of earlier micro-batches stay on the params, brought to loss scale `scale`, for the
-        backward to add to: DDP all-reduces what `.grad` holds (micro-batches under `no_sync()` included), and
-        the step unscales the sum as after one backward (fp32 params' grads were unscaled at `post`)."""
-        for grad in grads:
-            factor = scale / self._grads_scale if grad.dtype in LOW_PRECISION else scale
-            if factor != 1.0:
-                grad.mul_(factor)
-        self._stash = []
 
     def post(self, scaler: LossScaler) -> None:
         self._posted = True

@@ -30,12 +30,12 @@ import torch
 
 from apexlite._logging import get_logger
 from apexlite.amp.plain_grads import PlainGrads, optimizer_params, ranks_reduce_grads
-from apexlite.amp.checkpoint_convert import MASTERS_KEY, mark_masters, without_marker
+from apexlite.amp.checkpoint_convert import MASTERS_KEY, mark_masters, take_owned_masters, without_marker
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.errors import AmpUsageError
 from apexlite.amp.grad_strategy import spread
 from apexlite.amp.master_copies import (LOW_PRECISION, check_saved_masters, copy_into, keep_loaded_weights,
-                                        stale_masters_note, written_since_masters)
+                                        o2_accumulation_note, stale_masters_note, written_since_masters)
 from apexlite.amp.master_sync import MasterSync
 from apexlite.master_rounding import holds_master
 from apexlite.amp.o1.patcher import Patcher
@@ -72,9 +72,8 @@ class MasterParams:
                      "amp.initialize", self.restored, type(optimizer).__name__)
             self.copy_masters_to_model()
         self._fp32_grads = PlainGrads(optimizer, params_fn=self._fp32_params)
-        self._in_place = False  # this backward adds to the model's grads of earlier micro-batches (prepare)
-        self._grads_scale = 1.0  # the loss scale of the model's grads
         self._posted = False  # a backward's grads reached the masters since the last step
+        self._warned_ranks = False
         self.sync_from_model = MasterSync(self.master_pairs, type(optimizer).__name__, carried or self.restored > 0)
 
     # --- construction -------------------------------------------------------------------------
@@ -127,20 +126,15 @@ class MasterParams:
 
     # --- strategy interface used by AmpOptimizer ------------------------------------------------
     def prepare(self, scale: float = 1.0) -> None:
-        """Before a backward with loss scale `scale`. The model's grads of earlier micro-batches are on the
-        masters already; across ranks they stay on the model too, brought to this scale, for the backward to add
-        to: DDP all-reduces what the model's `.grad` holds (micro-batches under `no_sync()` included), and
-        `post` then makes the masters' grads of the whole sum."""
+        """Before a backward with loss scale `scale`: the model's grads of earlier micro-batches are on the masters
+        already (summed in fp32); across ranks that can hide micro-batches DDP never reduced (warned once)."""
         self.sync_from_model()
-        self._in_place = self._posted and ranks_reduce_grads() and any(param.grad is not None
-                                                                       for param in self.model_params)
-        if self._in_place and scale != self._grads_scale:
-            for grad in (param.grad for param in self.model_params if param.grad is not None):
-                grad.mul_(scale / self._grads_scale)
-        if not self._in_place:
-            for param in self.model_params:
-                param.grad = None
-        self._grads_scale = scale
+        if not self._warned_ranks and self._posted and ranks_reduce_grads() and any(
+                param.grad is not None for param in self.model_params):
+            self._warned_ranks = True
+            log.warning(o2_accumulation_note(type(self.optimizer).__name__))
+        for param in self.model_params:
+            param.grad = None
         self._fp32_grads.prepare(scale)
 
     def post(self, scaler: LossScaler) -> None:
@@ -155,8 +149,7 @@ class MasterParams:
             fresh = [grad.to(torch.float32, copy=True) for _, grad in pairs]
             if scaler.checks_overflow:
                 scaler.unscale(fresh)
-            accumulate = [] if self._in_place else [(g, m.grad) for g, (m, _) in zip(fresh, pairs)
-                                                    if m.grad is not None]
+            accumulate = [(g, m.grad) for g, (m, _) in zip(fresh, pairs) if m.grad is not None]
             if accumulate:
                 torch._foreach_add_([a for a, _ in accumulate], [b for _, b in accumulate])
             for grad, (master, _) in zip(fresh, pairs):
@@ -287,7 +280,7 @@ class MasterParams:
         state_dict = without_marker(state_dict)
         saved = state_dict.pop(MASTERS_KEY, None)
         if saved is None:
-            saved = self._take_optimizer_owned_masters(state_dict)
+            saved = take_owned_masters(state_dict, optimizer_params(self.optimizer), self.masters)
         if saved is not None:
             check_saved_masters(saved, self.masters)
         self._load_state_dict(state_dict)
@@ -304,27 +297,6 @@ class MasterParams:
         if rebuilt:
             log.warning(stale_masters_note(rebuilt, len(self.masters), type(self.optimizer).__name__))
         self.copy_masters_to_model()
-
-    def _take_optimizer_owned_masters(self, state_dict: Dict[str, Any]) -> Optional[List[torch.Tensor]]:
-        """Masters from a checkpoint of an optimizer that kept them in its per-param state (FusedAdam's
-        fused O2), taken out of `state_dict` (copied where changed) before the optimizer loads it."""
-        ids = [pid for group in state_dict.get("param_groups", []) for pid in group.get("params", [])]
-        position = {id(param): index for index, param in enumerate(optimizer_params(self.optimizer))}
-        saved_state = dict(state_dict.get("state", {}))
-        owned = []
-        for master in self.masters:
-            index = position.get(id(master))
-            pid = ids[index] if index is not None and index < len(ids) else None
-            entry = saved_state.get(pid)
-            if not isinstance(entry, dict) or "master_param" not in entry:
-                return None
-            entry = dict(entry)
-            owned.append(entry.pop("master_param"))
-            saved_state[pid] = entry
-        if not owned:
-            return None
-        state_dict["state"] = saved_state
-        return owned
 
     def detach(self) -> None:
         """Session teardown: put the model params back into the param groups, state with them."""

@@ -71,3 +71,12 @@ def stale_masters_note(rebuilt: int, total: int, label: str) -> str:
             "(a run without amp kept the old masters) or were not loaded. Those masters were rebuilt from the "
             "model's weights, as apex built them; load the model's weights from the optimizer's checkpoint to "
             "resume from it")
+
+
+def o2_accumulation_note(label: str) -> str:
+    """The warning for O2 gradient accumulation across ranks (said once per optimizer)."""
+    return (f"amp O2 ({label}), across ranks: a backward adds to grads of earlier micro-batches, which are summed "
+            "in fp32 on the masters. If those micro-batches ran under DDP's no_sync() (or apex DDP's "
+            "disable_allreduce()), their grads were never all-reduced and the ranks drift apart: pass "
+            "delay_unscale=True to their scale_loss blocks, which keeps their grads on the model where DDP reduces "
+            "them (summed in fp16/bf16 then). Micro-batches that each all-reduce are summed exactly (said once)")

@@ -70,7 +70,9 @@ def unscale_and_check(grads: Iterable[torch.Tensor], inv_scale: float, found_inf
     """
     groups: Dict[Tuple[torch.device, torch.dtype], List[torch.Tensor]] = defaultdict(list)
     for grad in grads:
-        groups[(grad.device, grad.dtype)].append(grad)
+        # a sparse grad (Embedding(sparse=True)) through its values, as torch's GradScaler reads it: each is a
+        # product with the scale, so unscaling the uncoalesced entries unscales their sums
+        groups[(grad.device, grad.dtype)].append(grad._values() if grad.is_sparse else grad)
     inverses: Dict[torch.device, torch.Tensor] = {}
     for (device, dtype), group in groups.items():
         flag = found_inf.get(device)

@@ -179,3 +179,39 @@ def test_o2_bf16_dynamic_scaling_trains_alike_on_both_routes(monkeypatch, make_o
     assert fused_scales == foreach_scales and fused_scales[2] == fused_scales[1] / 2
     for a, b in zip(fused_params, foreach_params):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("inject_inf", [False, True], ids=["finite", "inf"])
+def test_o1_sparse_embedding_grads_are_unscaled_and_checked_like_torchs_grad_scaler(inject_inf):
+    """Embedding(sparse=True) at O1: its sparse grad was handed to the unscale op, which refuses sparse tensors
+    (a raw NotImplementedError). Its values are unscaled and checked, as torch's GradScaler reads them: the step
+    equals torch.autocast + GradScaler's on the same model (the same fp16 matmul), and an inf skips it."""
+    def model_and_optimizer():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(20, 8, sparse=True), torch.nn.Linear(8, 4))
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    tokens = torch.randint(0, 20, (6,), generator=torch.Generator().manual_seed(1))
+    ours, optimizer = model_and_optimizer()
+    initial = [p.detach().clone() for p in ours.parameters()]
+    ours, optimizer = amp.initialize(ours, optimizer, opt_level="O1", verbosity=0)
+    try:
+        with amp.scale_loss(ours(tokens).float().pow(2).mean(), optimizer) as scaled:
+            scaled.backward()
+            if inject_inf:
+                ours[0].weight.grad._values().view(-1)[0] = float("inf")
+        optimizer.step()
+    finally:
+        amp.deinitialize()
+    theirs, reference = model_and_optimizer()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = theirs(tokens).float().pow(2).mean()
+    scaler.scale(loss).backward()
+    if inject_inf:
+        theirs[0].weight.grad._values().view(-1)[0] = float("inf")
+    scaler.step(reference)
+    for mine, torchs, start in zip(ours.parameters(), theirs.parameters(), initial):
+        if inject_inf:
+            assert torch.equal(mine, start)
+        torch.testing.assert_close(mine, torchs, rtol=0, atol=1e-6)

@@ -6,6 +6,7 @@ single-process reference on the whole batch, so DDP's averaged gradient equals t
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -170,10 +171,21 @@ def ddp_checkpoint(rank: int, world: int, path: str) -> dict:
     return dict(uninterrupted=uninterrupted, resumed=resumed, loaded_scale=loaded_scale, scale=scale_saved)
 
 
+class _Warnings(logging.Handler):
+    """The warnings apexlite's amp logs while it is attached."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def ddp_no_sync_accumulation(rank: int, world: int, setups: List[Tuple[str, str]]) -> Dict[tuple, dict]:
     """Two micro-batches a step, the first under DDP's no_sync(), for each (opt level, optimizer): with
     scale_loss's defaults, and with delay_unscale=True on the first (apex's way, which keeps the grads scaled
-    where DDP all-reduces them)."""
+    where DDP all-reduces them). Returns the params and amp's warnings of each run."""
     out = {}
     for level, kind in setups:
         for delay in (False, True):
@@ -182,20 +194,49 @@ def ddp_no_sync_accumulation(rank: int, world: int, setups: List[Tuple[str, str]
                 torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
             model, optimizer = amp.initialize(model, optimizer, opt_level=level, **AMP_KWARGS)
             ddp = torch.nn.parallel.DistributedDataParallel(model)
-            for batch in batches():
-                x, y = shard(batch, rank, world)
-                half = len(x) // 2
-                for micro in range(2):
-                    part = slice(micro * half, (micro + 1) * half)
-                    with ddp.no_sync() if micro == 0 else contextlib.nullcontext():
-                        loss = torch.nn.functional.mse_loss(ddp(x[part]).float(), y[part])
-                        with amp.scale_loss(loss, optimizer, delay_unscale=delay and micro == 0) as scaled:
-                            scaled.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-            out[(level, kind, delay)] = fp32_params(ddp)
+            warnings = _Warnings()
+            logging.getLogger("apexlite.amp").addHandler(warnings)
+            try:
+                for batch in batches():
+                    x, y = shard(batch, rank, world)
+                    half = len(x) // 2
+                    for micro in range(2):
+                        part = slice(micro * half, (micro + 1) * half)
+                        with ddp.no_sync() if micro == 0 else contextlib.nullcontext():
+                            loss = torch.nn.functional.mse_loss(ddp(x[part]).float(), y[part])
+                            with amp.scale_loss(loss, optimizer, delay_unscale=delay and micro == 0) as scaled:
+                                scaled.backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+            finally:
+                logging.getLogger("apexlite.amp").removeHandler(warnings)
+            out[(level, kind, delay)] = dict(params=fp32_params(ddp), warnings=warnings.messages)
             amp.deinitialize()
     return out
+
+
+def ddp_no_sync_overflow(rank: int, world: int, micro_batches: int) -> dict:
+    """One O1 step of `micro_batches` micro-batches, all but the last under no_sync(); the first overflows on
+    rank 0 alone. Returns the loss scale before and after, and whether the params stayed as they were."""
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", **AMP_KWARGS)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    before, scale = fp32_params(ddp), amp.state_dict()["loss_scaler0"]["loss_scale"]
+    x, y = shard(batches(1)[0], rank, world)
+    for micro in range(micro_batches):
+        with ddp.no_sync() if micro < micro_batches - 1 else contextlib.nullcontext():
+            loss = torch.nn.functional.mse_loss(ddp(x).float(), y)
+            with amp.scale_loss(loss, optimizer) as scaled:
+                scaled.backward()
+                if micro == 0 and rank == 0:
+                    next(ddp.parameters()).grad.view(-1)[0] = float("inf")
+    optimizer.step()
+    after = fp32_params(ddp)
+    result = dict(scale_before=scale, scale_after=amp.state_dict()["loss_scaler0"]["loss_scale"],
+                  unchanged=all(torch.equal(before[k], after[k]) for k in before))
+    amp.deinitialize()
+    return result
 
 
 def zero_redundancy(rank: int, world: int) -> dict:

@@ -67,14 +67,30 @@ def test_checkpoint_from_rank0_resumes_every_rank(tmp_path):
 ACCUMULATION = [("O1", "SGD"), ("O2", "SGD"), ("O2", "FusedAdam")]
 
 
-def test_accumulation_under_no_sync_reaches_every_rank():
-    """A micro-batch run under DDP's no_sync() is all-reduced with the next one, as with torch.amp: scale_loss
+def test_accumulation_under_no_sync_reaches_every_rank_at_o1_and_is_warned_at_o2():
+    """A micro-batch run under DDP's no_sync() is all-reduced with the next one at O1, as with torch.amp: scale_loss
     once set its grads aside during that backward (as apex did), and each rank added back its own (0.1 apart
-    after 3 steps). The reference: the same run with delay_unscale=True on the no_sync blocks, bit for bit."""
+    after 3 steps). The reference: the same run with delay_unscale=True on the no_sync blocks, bit for bit. At O2
+    the earlier grads stay summed in fp32 on the masters (exact where every micro-batch all-reduces): a warning
+    names delay_unscale=True, and that recipe keeps the ranks together."""
     ranks = run_ranks(_workers.ddp_no_sync_accumulation, ACCUMULATION, timeout=90)
+    for rank in ranks:
+        for level, kind in ACCUMULATION:
+            assert rank[(level, kind, True)]["warnings"] == []
+            warned = [message for message in rank[(level, kind, False)]["warnings"] if "no_sync()" in message]
+            assert len(warned) == (level == "O2"), (level, kind, warned)
     for level, kind in ACCUMULATION:
-        _assert_equal_dicts(ranks[0][(level, kind, False)], ranks[1][(level, kind, False)])
-        _assert_equal_dicts(ranks[0][(level, kind, False)], ranks[0][(level, kind, True)])
+        _assert_equal_dicts(ranks[0][(level, kind, True)]["params"], ranks[1][(level, kind, True)]["params"])
+    _assert_equal_dicts(ranks[0][("O1", "SGD", False)]["params"], ranks[1][("O1", "SGD", False)]["params"])
+    _assert_equal_dicts(ranks[0][("O1", "SGD", False)]["params"], ranks[0][("O1", "SGD", True)]["params"])
+
+
+def test_an_overflow_in_one_no_sync_micro_batch_lowers_the_scale_once():
+    """The overflowed grads of a skipped step go before the next micro-batch: kept, each later micro-batch added
+    to them in place and found the overflow again (4 micro-batches: the scale fell 16x, not 2x)."""
+    for result in run_ranks(_workers.ddp_no_sync_overflow, 4, timeout=90):
+        assert result["unchanged"]
+        assert result["scale_after"] == result["scale_before"] / 2
 
 
 def test_zero_redundancy_optimizer_is_refused_at_o2_and_trains_at_o1():

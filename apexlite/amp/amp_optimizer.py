@@ -14,7 +14,8 @@ import torch
 
 from apexlite._logging import get_logger
 from apexlite.amp.errors import AmpStateError, AmpUsageError
-from apexlite.amp.plain_grads import PlainGrads, ranks_reduce_grads
+from apexlite.amp.master_sync import several_processes
+from apexlite.amp.plain_grads import PlainGrads
 from apexlite.amp.optimizer_step import OneShotSkip, bind_amp_step, replaces_step
 from apexlite.amp.scaler import SCALE_FLOOR, LossScaler
 from apexlite.amp.stash_lists import ApexStashLists
@@ -82,7 +83,7 @@ class AmpOptimizer(ApexStashLists):
     # --- backward bookkeeping, called by scale_loss ---------------------------------------------
     def prepare_backward(self, scale: float = 1.0) -> None:
         self._hooked_depth = 0  # a step that raised inside its hooks ended there
-        if self._pending_skip is not None and not self.params_have_scaled_gradients and ranks_reduce_grads():
+        if self._pending_skip is not None and not self.params_have_scaled_gradients and several_processes():
             # This step is skipped: its grads go now. Across ranks later micro-batches add to them in place, and
             # each would find the overflow again and lower the scale again (once per micro-batch, not once).
             self.grads.on_skip()

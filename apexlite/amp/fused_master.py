@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from apexlite._logging import get_logger
-from apexlite.amp.plain_grads import PlainGrads, optimizer_params, ranks_reduce_grads
+from apexlite.amp.plain_grads import PlainGrads, optimizer_params
 from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.errors import AmpUsageError
 from apexlite.amp.grad_strategy import spread
@@ -40,7 +40,7 @@ from apexlite.amp.checkpoint_convert import MASTERS_KEY, without_marker
 from apexlite.amp.master_copies import (LOW_PRECISION, check_saved_masters, copy_into, keep_loaded_weights,
                                         o2_accumulation_note, stale_masters_note, written_since_masters)
 from apexlite.master_rounding import holds_master
-from apexlite.amp.master_sync import MasterSync
+from apexlite.amp.master_sync import MasterSync, several_processes
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.optimizer_step import register_first_post_hook
 from apexlite.amp.scaler import LossScaler
@@ -115,7 +115,7 @@ class FusedMasterGrads:
     # --- strategy interface used by AmpOptimizer ------------------------------------------------
     def prepare(self, scale: float = 1.0) -> None:
         self.sync_from_model()
-        if not self._warned_ranks and self._posted and ranks_reduce_grads() and any(
+        if not self._warned_ranks and self._posted and several_processes() and any(
                 param.grad is not None for param in self._half_params()):
             self._warned_ranks = True
             log.warning(o2_accumulation_note(type(self.optimizer).__name__))

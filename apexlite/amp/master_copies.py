@@ -8,6 +8,7 @@ import torch
 
 from apexlite.amp.checkpoint_convert import MASTERS_KEY
 from apexlite.amp.errors import AmpUsageError
+from apexlite.amp.master_sync import rebuild_changed_masters
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -55,12 +56,8 @@ def keep_loaded_weights(params: List[torch.Tensor], masters: List[torch.Tensor],
     the loaded master does not round to it, the model's checkpoint and the optimizer's come from different
     steps (a run continued without amp kept the old masters): the loaded model weights win, as apex built
     its masters from them; returns how many masters were rebuilt so."""
-    stale = [(param, master) for param, master, fresh in zip(params, masters, written)
-             if fresh and not torch.equal(param, master.to(param.dtype))]
-    with torch.no_grad():
-        for param, master in stale:
-            master.copy_(param)
-    return len(stale)
+    return rebuild_changed_masters([(param, master) for param, master, fresh in zip(params, masters, written)
+                                    if fresh])
 
 
 def stale_masters_note(rebuilt: int, total: int, label: str) -> str:

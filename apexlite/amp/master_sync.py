@@ -42,7 +42,8 @@ def rebuild_changed_masters(pairs: List[Tuple[torch.Tensor, torch.Tensor]], ever
     return rebuilt
 
 
-def _several_processes() -> bool:
+def several_processes() -> bool:
+    """Whether torch.distributed runs more than one process (DDP may all-reduce grads across them)."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
@@ -66,7 +67,7 @@ class MasterSync:
             return
         self.done = True
         pairs = self._pairs()
-        every = not self.carried and _several_processes()
+        every = not self.carried and several_processes()
         rebuilt = rebuild_changed_masters(pairs, every=every)
         session = current_session(required=False)
         if session is None:

@@ -6,20 +6,15 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 
 from apexlite._logging import get_logger
+from apexlite.amp.master_sync import several_processes
 from apexlite.amp.checkpoint_convert import copy_masters_into_params, take_masters_for_params, without_marker
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.scaler import LossScaler
 
 
 log = get_logger("amp")
-
-
-def ranks_reduce_grads() -> bool:
-    """Whether grads may be all-reduced across ranks (DDP): a process group of more than one process."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def optimizer_params(optimizer: Any) -> List[torch.Tensor]:
@@ -44,7 +39,7 @@ class PlainGrads:
         self._params_fn = params_fn
         self._models_fn = models_fn
         self._stash: List[Tuple[torch.Tensor, torch.Tensor]] = []
-        self._in_place = False  # this backward adds to the grads already there (ranks_reduce_grads)
+        self._in_place = False  # this backward adds to the grads already there (several_processes)
 
     def install(self, patcher: Patcher) -> None:
         """Let the optimizer load O2 checkpoints (masters become the params' values)."""
@@ -68,7 +63,7 @@ class PlainGrads:
         self._stash = []
         self._in_place = False
         present = [param for param in self.params() if param.grad is not None]
-        if present and ranks_reduce_grads():
+        if present and several_processes():
             self._in_place = True
             if scale != 1.0:
                 for grad in (param.grad for param in present):

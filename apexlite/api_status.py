@@ -28,6 +28,8 @@ NOT_IN_APEX = (f"{UNSUPPORTED}: not a module or name of apex (at e13873de, its l
 BCE_FIX = ("under O1 it raises for fp16/bf16 inputs, as in apex: feed logits to torch.nn.BCEWithLogitsLoss / "
            "F.binary_cross_entropy_with_logits, or call amp.register_float_function(torch, 'sigmoid') before "
            "amp.initialize (O0/O2/O3 are unaffected)")
+# torch's gradient clipping functions by their last name: `check` and `migrate` both look for clips of grads
+CLIP_FUNCTIONS = ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grad_value")
 
 
 def raising_at_o1() -> Tuple[str, ...]:

@@ -25,7 +25,6 @@ CALL_ROW = "apex.amp.initialize(...)"
 FP16_OPTIMIZERS = ("apex.fp16_utils.FP16_Optimizer", "apex.fp16_utils.fp16_optimizer.FP16_Optimizer")
 STEP_ROW = "optimizer.step(closure)"
 O2_CLIP_ROW = "clip of model.parameters() at O2"
-CLIP_FUNCTIONS = ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grad_value")
 _PARAMETERS = list(inspect.signature(initialize).parameters)
 _UNKNOWN = object()
 
@@ -162,8 +161,8 @@ def problems(tree: ast.Module, aliases: Dict[str, str]) -> List[Row]:
                           keyword.arg == "closure" for keyword in node.keywords)))
     levels = {_literal(keyword.value) for call in calls for keyword in call.keywords if keyword.arg == "opt_level"}
     clips = sorted(node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call) and node.args
-                   and _dotted(node.func).rsplit(".", 1)[-1] in CLIP_FUNCTIONS and isinstance(node.args[0], ast.Call)
-                   and _dotted(node.args[0].func).endswith(".parameters"))
+                   and _dotted(node.func).rsplit(".", 1)[-1] in api_status.CLIP_FUNCTIONS
+                   and isinstance(node.args[0], ast.Call) and _dotted(node.args[0].func).endswith(".parameters"))
     if "O2" in levels and clips:
         rows.append((O2_CLIP_ROW, clips, f"{api_status.DIFFERS}: at O2 this clips the model's half grads, still "
                                          "multiplied by the loss scale, not the fp32 master grads the update "

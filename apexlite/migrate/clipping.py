@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from apexlite import api_status
 from apexlite.migrate import apis
 from apexlite.migrate.analysis import dotted_text
 from apexlite.migrate.edits import expression, small_statement, statement
@@ -26,8 +27,6 @@ from apexlite.migrate.initialize import AmpSetup
 from apexlite.migrate.reach import Unit
 from apexlite.migrate.scale_loss import ScaleLossPlanner
 from apexlite.migrate.steps import step_calls
-
-CLIP_FUNCTIONS = ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_grad_value")
 
 
 def params_code(unit: Unit, setup: AmpSetup, optimizer: cst.BaseExpression) -> str:
@@ -44,7 +43,7 @@ def _clip_call(unit: Unit, call: cst.Call) -> bool:
     arg = unit.analysis.parent(call)
     outer = unit.analysis.parent(arg) if isinstance(arg, cst.Arg) else None
     return isinstance(outer, cst.Call) and outer.args and outer.args[0] is arg and \
-        (dotted_text(outer.func) or "").rsplit(".", 1)[-1] in CLIP_FUNCTIONS
+        (dotted_text(outer.func) or "").rsplit(".", 1)[-1] in api_status.CLIP_FUNCTIONS
 
 
 def _between_steps(unit: Unit, call: cst.CSTNode, index: int) -> bool:
@@ -183,7 +182,7 @@ def plan_other_clips(unit: Unit, setup: AmpSetup, scale_loss: ScaleLossPlanner) 
     unscale = f"{scaler.name}.unscale_({analysis.code(optimizer)})" if scaler is not None else \
         "scaler.unscale_(optimizer)"
     for call in analysis.nodes(cst.Call):
-        if (dotted_text(call.func) or "").rsplit(".", 1)[-1] not in CLIP_FUNCTIONS or not call.args:
+        if (dotted_text(call.func) or "").rsplit(".", 1)[-1] not in api_status.CLIP_FUNCTIONS or not call.args:
             continue
         if any(call.args[0].value is node for node in master_calls):
             continue  # plan_master_params's

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, List
 
 import libcst as cst
 
+from apexlite import api_status
 from apexlite.migrate.analysis import dotted_text
-from apexlite.migrate.clipping import CLIP_FUNCTIONS
 from apexlite.migrate.steps import step_calls
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def _sensitive_use(analysis, grad: cst.Attribute) -> bool:
 
 def _unscaling_call(call: cst.Call) -> bool:
     name = (dotted_text(call.func) or "").rsplit(".", 1)[-1]
-    return name in CLIP_FUNCTIONS or name == "unscale_"
+    return name in api_status.CLIP_FUNCTIONS or name == "unscale_"
 
 
 def plan_grad_reads(unit: "Unit", planner: "ScaleLossPlanner") -> None:

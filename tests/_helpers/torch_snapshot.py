@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+import torch
+
 from apexlite.amp.o1.lists import natively_promoted_entries, op_entries
 from apexlite.amp.o1.patcher import resolve
 
@@ -21,6 +23,8 @@ def snapshot_patch_targets() -> Dict[str, Any]:
     snapshot = {}
     for namespace, name in pairs:
         snapshot[f"{namespace}.{name}"] = _own_attribute(resolve(namespace), name)
+    # O1's switch of torch's fused transformer path (apexlite/amp/o1/transformer_fast_path.py); a bool, so `is` holds
+    snapshot["torch.backends.mha fast path"] = torch.backends.mha.get_fastpath_enabled()
     return snapshot
 
 

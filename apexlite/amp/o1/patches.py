@@ -16,6 +16,7 @@ from apexlite.amp.o1.patcher import raw_attribute, resolve
 from apexlite.amp.o1.policies import CastPolicy
 from apexlite.amp.o1.rnn_input import patch_rnn_input_check
 from apexlite.amp.o1.torchscript import patch_torch_jit, register_script_builtin
+from apexlite.amp.o1.transformer_fast_path import turn_off_transformer_fast_path
 from apexlite.amp.o1.wrappers import make_wrapper
 
 log = get_logger("amp")
@@ -73,6 +74,7 @@ def patch_torch_functions(session: Any, registrations: List[Tuple[Any, str, Cast
         count += 1
     patch_rnn_input_check(session.cast_state, session.o1_patcher)
     patch_torch_jit(session.o1_patcher, session.cast_state)
+    turn_off_transformer_fast_path(session.o1_patcher)
     return count
 
 

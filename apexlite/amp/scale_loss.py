@@ -72,9 +72,12 @@ def scaled_backward(session: AmpSession, loss: torch.Tensor, amp_optimizers: Lis
 
     for amp_optimizer in amp_optimizers:
         amp_optimizer.prepare_backward(scaler.loss_scale())
+    scaled = base * scaler.loss_scale()
+    watch = _ScaledLossWatch(scaler.loss_scale(), scaled)
     try:
-        yield base * scaler.loss_scale()
+        yield scaled
     except BaseException:
+        watch.block_ended = True
         try:
             _settle_after_error(amp_optimizers, scaler, delay_unscale)
         except Exception as cleanup_error:  # the user's exception is the one to see
@@ -82,6 +85,8 @@ def scaled_backward(session: AmpSession, loss: torch.Tensor, amp_optimizers: Lis
         finally:
             session.end_iteration()
         raise
+    watch.block_ended = True
+    watch.warn_if_not_backpropagated()
     try:
         if not delay_unscale and not scaler.overflow_check_pending:
             scaler.clear_overflow_state()
@@ -100,6 +105,37 @@ def scaled_backward(session: AmpSession, loss: torch.Tensor, amp_optimizers: Lis
                 scaler.note_clean_step()
     finally:
         session.end_iteration()
+
+
+class _ScaledLossWatch:
+    """Whether the scaled loss a block yields is backpropagated inside the block (a hook on it; nothing under
+    torch.compile). After the block its grads would reach the step still multiplied by the loss scale (raised
+    at that backward, before any grad is written); a block that backpropagated something else (`loss.backward()`)
+    has its grads divided by the scale on leaving (warned)."""
+
+    def __init__(self, scale: float, scaled: torch.Tensor) -> None:
+        self.scale = scale
+        self.block_ended = False
+        self.backpropagated = False
+        self.watching = scaled.requires_grad and not _compiling()
+        if self.watching:
+            scaled.register_hook(self._on_backward)
+
+    def _on_backward(self, grad: torch.Tensor) -> None:
+        if self.block_ended:
+            raise AmpUsageError(
+                "the scaled loss yielded by amp.scale_loss was backpropagated after its `with` block ended: the grads "
+                f"would reach optimizer.step() still multiplied by the loss scale ({self.scale:g}). Call "
+                "`scaled_loss.backward()` inside the block: `with amp.scale_loss(loss, optimizer) as scaled_loss: "
+                "scaled_loss.backward()`.")
+        self.backpropagated = True
+
+    def warn_if_not_backpropagated(self) -> None:
+        if self.watching and not self.backpropagated:
+            log.warning(
+                "amp.scale_loss: the block ended without a backward of the scaled loss it yielded. If it ran "
+                "`loss.backward()` on the unscaled loss, its grads were just divided by the loss scale (%g) and the "
+                "update will be that much too small: call `scaled_loss.backward()` inside the block.", self.scale)
 
 
 def _settle_after_error(amp_optimizers: List[Any], scaler: LossScaler, delay_unscale: bool) -> None:

@@ -108,8 +108,11 @@ def _refusal(call: ast.Call, given: Dict[str, Any]) -> Optional[str]:
     known = {name: value for name, value in given.items() if value is not _UNKNOWN}
     if isinstance(call.args[0] if call.args else None, ast.Tuple):
         return "models given as a tuple: pass one model or a list of models"
-    if known.get("enabled", True) is False:
-        return None
+    try:
+        if not checks.check_enabled(known.get("enabled", True)):
+            return None
+    except ValueError as error:
+        return str(error)
     if "opt_level" in given and "opt_level" not in known:
         return None  # chosen at run time
     try:

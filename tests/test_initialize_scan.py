@@ -80,6 +80,10 @@ CASES = [
     ("fp16-optimizer", 'from apex.fp16_utils import FP16_Optimizer\noptimizer = FP16_Optimizer(optimizer, '
                        'static_loss_scale=128.0)\nmodel, optimizer = amp.initialize(model, optimizer, '
                        'opt_level="O1")\n', api_status.RAISES, AmpUsageError),
+    ("enabled-not-a-flag", 'model, optimizer = amp.initialize(model, optimizer, opt_level="O2", enabled="no")\n',
+     api_status.RAISES, AmpConfigError),
+    ("enabled-string-false", 'model, optimizer = amp.initialize(model, optimizer, opt_level="O4", enabled="False")\n',
+     None, None),
 ]
 NEW_ROWS = ("apex.amp.initialize(...)", "optimizer.step(closure)", "clip of model.parameters() at O2")
 

@@ -25,10 +25,26 @@ def check_scalar_arguments(num_losses: Any, verbosity: Any, min_loss_scale: Any,
         raise AmpConfigError(f"num_losses must be an int >= 1 (one loss scaler per loss_id); got {num_losses!r}.")
     if not isinstance(verbosity, int) or isinstance(verbosity, bool) or verbosity < 0:
         raise AmpConfigError(f"verbosity must be 0, 1 or 2; got {verbosity!r}.")
-    if min_loss_scale is not None and not min_loss_scale >= 0:
+    if min_loss_scale is not None and not (_is_number(min_loss_scale) and min_loss_scale >= 0):
         raise AmpConfigError(f"min_loss_scale must be None or a number >= 0; got {min_loss_scale!r}.")
-    if not max_loss_scale > 0:
-        raise AmpConfigError(f"max_loss_scale must be > 0; got {max_loss_scale!r}.")
+    if not (_is_number(max_loss_scale) and max_loss_scale > 0):
+        raise AmpConfigError(f"max_loss_scale must be a number > 0 (apex's default: 2.**24); got {max_loss_scale!r}.")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_enabled(enabled: Any) -> bool:
+    """`enabled` as a bool: True/False, or the strings "True"/"False" an argparse flag or a config file gives
+    (any other string, "False" included before, would have been truthy and turned amp on)."""
+    if enabled is None or type(enabled).__name__ in ("bool", "bool_"):  # numpy's bool_ too; None: off, as in apex
+        return bool(enabled)
+    if isinstance(enabled, str) and enabled in ("True", "False"):
+        return enabled == "True"
+    if isinstance(enabled, int) and enabled in (0, 1):
+        return bool(enabled)
+    raise AmpConfigError(f"enabled must be True or False; got {enabled!r}.")
     if min_loss_scale and min_loss_scale > max_loss_scale:
         raise AmpConfigError(
             f"min_loss_scale ({min_loss_scale}) must not exceed max_loss_scale ({max_loss_scale})."

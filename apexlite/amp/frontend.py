@@ -56,7 +56,8 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
     apply and earlier models and optimizers keep working. All-or-nothing: a failed call changes nothing.
     """
     script_level = opt_level
-    opt_level, low_dtype = apply_environment(opt_level, dtype, bool(enabled))
+    enabled = checks.check_enabled(enabled)
+    opt_level, low_dtype = apply_environment(opt_level, dtype, enabled)
     loss_scale = loss_scale_from_environment(loss_scale)
     check_report_path()
     checks.check_scalar_arguments(num_losses, verbosity, min_loss_scale, max_loss_scale)

@@ -59,6 +59,10 @@ BAD_OVERRIDES = [
     (dict(opt_level="O1", min_loss_scale=2.0 ** 20, max_loss_scale=2.0 ** 10), "min_loss_scale"),
     (dict(opt_level="O2", cast_model_type=torch.float16, dtype=torch.bfloat16), "disagree"),
     (dict(opt_level="O1", cast_model_outputs="float16"), r"cast_model_outputs .* \(write torch.float16\)"),
+    (dict(opt_level="O2", enabled="no"), "enabled must be True or False"),
+    (dict(opt_level="O1", max_loss_scale=None), "max_loss_scale must be a number"),
+    (dict(opt_level="O1", max_loss_scale="1e6"), "max_loss_scale must be a number"),
+    (dict(opt_level="O1", min_loss_scale="a"), "min_loss_scale must be None or a number"),
 ]
 
 
@@ -67,6 +71,14 @@ def test_bad_options_name_the_option(kwargs, needle):
     with pytest.raises(RuntimeError, match=needle):
         amp.initialize(*model_opt(), verbosity=0, **kwargs)
     assert current_session(required=False) is None
+
+
+@pytest.mark.parametrize("enabled,on", [("False", False), ("True", True), (False, False), (None, False), (1, True)])
+def test_enabled_as_argparse_or_a_config_gives_it(enabled, on):
+    """A string "False" was truthy and cast the model (apex did the same)."""
+    model, _ = amp.initialize(*model_opt(), opt_level="O3", enabled=enabled, verbosity=0)
+    amp.deinitialize()
+    assert model[0].weight.dtype is (torch.float16 if on else torch.float32)
 
 
 def test_string_overrides_are_parsed():

@@ -70,6 +70,9 @@ def test_ddp_argument_errors_match_apex():
         parallel.DistributedDataParallel(model, shared_param=True)
     with pytest.raises(ValueError, match="only be used if delay_allreduce=False"):
         parallel.DistributedDataParallel(model, delay_allreduce=True, num_allreduce_streams=2)
+    for factor in (0, -2.0, "4"):  # apex divided by 0 (ZeroDivisionError); a 0 here made every grad NaN
+        with pytest.raises(ValueError, match="gradient_predivide_factor must be a number > 0"):
+            parallel.DistributedDataParallel(model, gradient_predivide_factor=factor)
     with pytest.raises(RuntimeError, match="init_process_group"):
         parallel.DistributedDataParallel(model)
 

@@ -156,13 +156,16 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
             raise ValueError("self.allreduce_different_streams may only be used if delay_allreduce=False.")
         if allreduce_trigger_params is not None and delay_allreduce:
             raise ValueError("Setting allreduce_trigger_params is only valid if delay_allreduce=False.")
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("apex.parallel.DistributedDataParallel needs torch.distributed initialised: call "
-                               "torch.distributed.init_process_group(...) first (e.g. launch with torchrun).")
         if gradient_average_split_factor is not None:
             log.warning("gradient_average_split_factor is deprecated; use gradient_predivide_factor "
                         "(using %s as the predivide factor)", gradient_average_split_factor)
             gradient_predivide_factor = gradient_average_split_factor
+        if not isinstance(gradient_predivide_factor, (int, float)) or not gradient_predivide_factor > 0:
+            raise ValueError(f"gradient_predivide_factor must be a number > 0 (the sum is divided by it before and "
+                             f"by world_size / it after); got {gradient_predivide_factor!r}.")
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("apex.parallel.DistributedDataParallel needs torch.distributed initialised: call "
+                               "torch.distributed.init_process_group(...) first (e.g. launch with torchrun).")
         tuning = {k: v for k, v in dict(prof=prof,
                                          allreduce_trigger_params=allreduce_trigger_params,
                                          num_allreduce_streams=num_allreduce_streams,

@@ -150,6 +150,7 @@ class AmpSession:
         self.patcher = Patcher()  # optimizer wrappers, model hooks
         self.o1_patcher = Patcher()  # torch function wrappers (O1), undone alone by a handle's _deactivate
         self.o1_registrations: List[Any] = []  # user registrations the installed O1 patches include
+        self.o1_graph_dtype: Optional[torch.dtype] = None  # the low dtype compiled graphs were last made for under O1
         self.cache, self.cast_state = make_cache_and_state(torch.float16)  # native or Python, see native_casts
         self.cast_state.active = False
         self.loss_scalers: List[LossScaler] = []

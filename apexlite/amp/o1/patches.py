@@ -11,6 +11,7 @@ from typing import Any, List, Tuple
 import torch
 
 from apexlite._logging import get_logger
+from apexlite.amp.o1.compiled_graphs import forget_compiled_graphs, keep_graphs_in_step
 from apexlite.amp.o1.lists import OpEntry, op_entries
 from apexlite.amp.o1.patcher import raw_attribute, resolve
 from apexlite.amp.o1.policies import CastPolicy
@@ -47,11 +48,15 @@ def set_o1_patches(session: Any, wanted: bool, new_registrations: List[Tuple[Any
         registrations = session.o1_registrations + list(new_registrations)
         session.o1_patcher.undo_all()
         try:
+            keep_graphs_in_step(session.o1_patcher)  # first: its undo runs after every patch is gone
             patch_torch_functions(session, registrations)
         except BaseException:
             session.o1_patcher.undo_all()
             raise
         session.o1_registrations = registrations
+    elif session.cast_state.low_dtype is not session.o1_graph_dtype:
+        forget_compiled_graphs()  # graphs compiled under O1 cast to the old dtype
+    session.o1_graph_dtype = session.cast_state.low_dtype
     session.cast_state.active = True
 
 

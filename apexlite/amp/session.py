@@ -235,6 +235,7 @@ class AmpSession:
         scope = self.forward_scope
         if scope.frame is not None and not _on_stack(scope.frame, sys._getframe()):
             scope.frame = None
+            self.cast_state.thread.in_forward = False
 
     def enter_forward(self, frame: types.FrameType) -> None:
         """A registered model's forward starts in the `_call_impl` frame `frame` (NOTE [forward scope])."""
@@ -244,6 +245,7 @@ class AmpSession:
                 return  # nested in the outermost registered forward
             self.cache.clear()  # the recorded forward was interrupted: its scope is over
         scope.frame = frame
+        self.cast_state.thread.in_forward = True
 
     def exit_forward(self, frame: types.FrameType) -> None:
         """When the outermost forward returns, its casts may be stale by the next one (a
@@ -251,6 +253,7 @@ class AmpSession:
         scope = self.forward_scope
         if scope.frame is frame:
             scope.frame = None
+            self.cast_state.thread.in_forward = False
             self.cache.clear()
 
     # --- optimizers ----------------------------------------------------------------------------

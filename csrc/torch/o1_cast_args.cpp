@@ -123,7 +123,8 @@ py::object Caster::tensor(PyObject* obj) const {
     if (out == nullptr) throw py::error_already_set();
     return py::reinterpret_steal<py::object>(out);
   }
-  if (use_cache && state->use_cache && state->cache != nullptr) {
+  // outside a registered forward, casts under no_grad are not cached (NOTE [cast cache lifetime])
+  if (use_cache && state->use_cache && state->cache != nullptr && (at::GradMode::is_enabled() || in_forward(state))) {
     // a strong reference: Python code may give the state another cache while this cast runs
     const py::object cache = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(state->cache));
     return py::reinterpret_steal<py::object>(THPVariable_Wrap(

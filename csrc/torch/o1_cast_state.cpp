@@ -5,6 +5,7 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 #include <vector>
@@ -17,6 +18,7 @@ namespace {
 
 std::atomic<uint64_t> next_state_id{1};
 thread_local std::vector<std::pair<uint64_t, int>> disabled_depths;  // (state id, depth > 0)
+thread_local std::vector<uint64_t> forward_scopes;  // ids of the states whose registered forward this thread runs
 
 CastStateObject* as_state(PyObject* self) { return reinterpret_cast<CastStateObject*>(self); }
 
@@ -140,6 +142,18 @@ PyObject* pop_disabled(PyObject* self, PyObject*) {
   return nullptr;
 }
 
+PyObject* get_in_forward(PyObject* self, void*) { return get_bool(in_forward(as_state(self))); }
+
+int set_in_forward(PyObject* self, PyObject* value, void*) {
+  bool inside = false;
+  if (set_bool(value, &inside, "in_forward") < 0) return -1;
+  const uint64_t id = as_state(self)->id;
+  const auto found = std::find(forward_scopes.begin(), forward_scopes.end(), id);
+  if (inside && found == forward_scopes.end()) forward_scopes.push_back(id);
+  if (!inside && found != forward_scopes.end()) forward_scopes.erase(found);
+  return 0;
+}
+
 PyMethodDef state_methods[] = {
     {"push_disabled", push_disabled, METH_NOARGS, "enter a casts-off block in this thread"},
     {"pop_disabled", pop_disabled, METH_NOARGS, "leave the innermost casts-off block of this thread"},
@@ -154,9 +168,14 @@ PyGetSetDef state_getset[] = {
     {"cache", get_cache, set_cache, "the session's CastCache", nullptr},
     {"enabled", get_enabled, nullptr, "casts apply to calls made by the current thread", nullptr},
     {"disabled_depth", get_disabled_depth, nullptr, "this thread's casts-off nesting depth", nullptr},
+    {"in_forward", get_in_forward, set_in_forward, "this thread runs a registered model's forward", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 }  // namespace
+
+bool in_forward(const CastStateObject* state) {
+  return std::find(forward_scopes.begin(), forward_scopes.end(), state->id) != forward_scopes.end();
+}
 
 int disabled_depth(const CastStateObject* state) {
   for (const auto& entry : disabled_depths) {

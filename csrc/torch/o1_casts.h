@@ -54,6 +54,9 @@ at::Tensor convert(const at::Tensor& tensor, at::ScalarType dtype);
 // This thread's "casts off" depth for a state.
 int disabled_depth(const CastStateObject* state);
 
+// Whether this thread runs the forward of a model registered with the state's session (NOTE [cast cache lifetime]).
+bool in_forward(const CastStateObject* state);
+
 // Adds CastCache, CastState and CastWrapper to `module`; returns 0, or -1 with a Python error set.
 int register_o1_types(PyObject* module);
 

@@ -26,7 +26,11 @@ only while grad mode is off.
 NOTE [cast cache lifetime]
 The cache is cleared when the outermost forward of a model passed to `initialize` returns (so a
 weight used several times in one forward is cast once), at every iteration boundary (the end of
-`scale_loss`), after every optimizer step and when the session closes. Between those points:
+`scale_loss`), after every optimizer step and when the session closes. Outside such a forward (a
+model's other method, `model.encoder(x)`, a weight used in the training loop itself), a cast under
+`no_grad` neither goes in nor comes out of the cache: evaluation is where EMA/SWA weights are swapped in
+through `p.data.copy_`, which no stamp sees. There, with grad on, casts are cached until the next of
+those points, as torch.autocast caches them until its region ends. Between those points:
 - the casts of registered weights (`own`: the parameters of the models and optimizers registered
   with the session, taken whenever one is registered) are held strongly, at most one cast per weight
   and dtype. The session holds those weights anyway, so the cache adds at most one low-precision

@@ -32,6 +32,7 @@ class _ThreadSwitches(threading.local):
 
     def __init__(self) -> None:
         self.disabled_depth = 0  # > 0 while this thread is inside a casts-off block
+        self.in_forward = False  # this thread runs a registered model's forward (NOTE [cast cache lifetime])
 
 
 class CastSwitches:

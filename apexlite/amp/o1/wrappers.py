@@ -28,6 +28,7 @@ from apexlite.amp.o1.policies import (
 
 log = get_logger("amp.casts")
 
+is_grad_enabled = torch.is_grad_enabled
 tracing = getattr(torch._C, "_is_tracing", lambda: False)  # torch.jit.trace in progress on this thread
 Tensor = torch.Tensor
 
@@ -43,7 +44,7 @@ def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) ->
             return tensor
         if state.log_casts:
             log.debug("%s->%s (%s)", source_dtype, dtype, name)
-        if use_cache and state.use_cache:
+        if use_cache and state.use_cache and (is_grad_enabled() or state.thread.in_forward):
             return state.cache.cast(tensor, dtype)  # the cache decides what is a weight
         return convert(tensor)
 

@@ -84,11 +84,11 @@ def test_an_unregistered_weight_is_served_from_the_cache_only_while_its_graph_ho
 
 def test_registered_weights_stay_within_the_stated_bound(o1_session):
     """Any number of uses of registered weights, in or out of forwards, without an iteration boundary:
-    at most one cast per weight and dtype is held."""
+    at most one cast per weight and dtype is held (grad on: outside a forward, no_grad casts are not cached)."""
     registered = o1_session
     cache = current_session().cache
     x = torch.randn(2, 4)
-    with torch.no_grad():
+    with torch.enable_grad():
         for _ in range(20):
             registered(x)
             torch.nn.functional.linear(x, registered.weight, registered.bias)

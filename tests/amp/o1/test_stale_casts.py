@@ -105,6 +105,51 @@ def test_functional_use_without_a_model_scope_is_fresh_after_a_version_or_pointe
     assert torch.equal(second.detach(), expected)
 
 
+ENTRY_POINTS = {"submodule": lambda model, x: model[0](x), "functional": lambda model, x: torch.nn.functional.linear(
+    x, model[0].weight, model[0].bias)}
+
+
+@pytest.mark.parametrize("call", ENTRY_POINTS.values(), ids=list(ENTRY_POINTS))
+def test_evaluation_outside_the_models_forward_sees_a_data_copy_swap(o1_pair, call):
+    """`model.encode(x)` / `model.enc(x)` evaluated with raw then EMA weights swapped in by `p.data.copy_`:
+    outside a registered forward, no_grad casts are not cached, so the second call sees the EMA weights."""
+    model, shadow, _ = o1_pair
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        raw = call(model, x)
+        swap_copy(model, shadow)
+        swapped = call(model, x)
+    expected = torch.nn.functional.linear(x.to(DTYPE), shadow[0].weight.to(DTYPE), shadow[0].bias.to(DTYPE))
+    assert not torch.equal(raw, expected) and torch.equal(swapped, expected)
+
+
+def test_a_registered_forward_under_no_grad_still_casts_a_reused_weight_once(cast_path):
+    """Inside the forward scope the cache serves no_grad casts (a weight used twice is cast once)."""
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.layer(self.layer(x))
+
+    model = Twice()
+    amp.initialize(model, opt_level="O1", dtype=DTYPE, verbosity=0)
+    try:
+        cache = current_session().cache
+        cache.reset_counters()
+        with torch.no_grad():
+            model(torch.randn(2, 8))
+        inside = (cache.casts, cache.hits)
+        cache.reset_counters()
+        with torch.no_grad():
+            model.layer(model.layer(torch.randn(2, 8)))  # the same calls outside the forward
+        outside = (cache.casts, cache.hits)
+    finally:
+        amp.deinitialize()
+    assert inside == (2, 2) and outside == (0, 0)  # weight and bias cast once, then served; outside: not cached
+
+
 # --- issue 18, item 3: an entry is valid only for the exact tensor it was cast from -----------------------
 
 def _fresh(weight, x):

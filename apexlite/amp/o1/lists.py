@@ -36,11 +36,12 @@ _LOSSES = (
 )
 
 # policy -> namespace -> names. apex's lists, plus the ops torch.autocast's CUDA lists cast today
-# (scaled_dot_product_attention, chain_matmul/multi_dot, log1p, cdist/pdist, softmax as a method, ...).
+# (scaled_dot_product_attention, chain_matmul/multi_dot, log1p, cdist/pdist, softmax as a method, ...),
+# and einsum, whose contractions autocast reaches through the bmm it decomposes into.
 TABLES: Dict[CastPolicy, Dict[str, str]] = {
     CastPolicy.LOW_PRECISION: {
         F: f"{_CONV} linear prelu scaled_dot_product_attention",
-        T: f"{_CONV} prelu {_MATMUL} chain_matmul",
+        T: f"{_CONV} prelu {_MATMUL} chain_matmul einsum",
         TENSOR: f"__matmul__ prelu {_MATMUL}",
         LINALG: "multi_dot",
         VF: "lstm gru rnn_tanh rnn_relu lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell",

@@ -105,6 +105,7 @@ CASES["torch.Tensor.prelu"] = _CONV["prelu"]
 CASES["torch.Tensor.__matmul__"] = _MATMUL["mm"]
 CASES["torch.chain_matmul"] = lambda: ((r(2, 3), r(3, 4), r(4, 2)), {})
 CASES["torch.linalg.multi_dot"] = lambda: (([r(2, 3), r(3, 4), r(4, 2)],), {})
+CASES["torch.einsum"] = lambda: (("bld,lrd->blr", r(2, 3, 4), r(3, 5, 4)), {})
 CASES["torch.nn.functional.linear"] = lambda: ((r(4, 3), r(5, 3), r(5)), {})
 CASES["torch.nn.functional.scaled_dot_product_attention"] = lambda: ((r(1, 2, 4, 8), r(1, 2, 4, 8), r(1, 2, 4, 8)), {})
 for _ns in ("torch", "torch.Tensor"):

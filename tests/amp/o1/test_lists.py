@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from apexlite import amp
 from apexlite.amp.o1.lists import natively_promoted_entries, op_entries
 from apexlite.amp.o1.patches import torch_version
 from apexlite.amp.o1.patcher import resolve
@@ -56,3 +57,23 @@ def test_native_promotion_matches_widest_type_cast(namespace, name, low):
     expected = _binary_case(namespace, name, b.float(), a)
     assert result.dtype is expected.dtype
     torch.testing.assert_close(result, expected, rtol=0, atol=0)
+
+
+ZERO_DIM_CASES = {"mul": lambda h, t: h * t, "add": lambda h, t: h + t, "div": lambda h, t: h / t,
+                  "torch.mul": lambda h, t: torch.mul(h, t)}
+
+
+@pytest.mark.parametrize("op", ZERO_DIM_CASES.values(), ids=list(ZERO_DIM_CASES))
+def test_a_zero_dim_fp32_operand_keeps_the_low_precision_dtype_as_under_autocast(op):
+    """The one documented departure from apex's cast-then-op (README, "Deliberate differences"): the reference
+    is torch.autocast, which leaves these ops to torch's promotion too; apex's wrapper returned fp32."""
+    h, t = torch.rand(4).to(torch.bfloat16), torch.tensor(2.5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = op(h, t)
+    amp.initialize(torch.nn.Linear(1, 1), opt_level="O1", dtype=torch.bfloat16, verbosity=0)
+    try:
+        result = op(h, t)
+    finally:
+        amp.deinitialize()
+    assert result.dtype is expected.dtype is torch.bfloat16 and torch.equal(result, expected)
+    assert op(h.float(), t).dtype is torch.float32  # what apex's cast-then-op gave

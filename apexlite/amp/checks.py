@@ -108,10 +108,16 @@ def check_models_not_recast(models: List[torch.nn.Module], registered: List[torc
     known = {id(model) for model in registered}
     for model in models:
         if id(model) in known:
+            cast = any(param.dtype in (torch.float16, torch.bfloat16) for param in model.parameters())
+            way_out = (
+                "To train it with a new optimizer, pass the optimizer alone: `_, optimizer = amp.initialize([], "
+                f"optimizer, opt_level={properties.opt_level!r})` (its masters start from the model's current "
+                "weights). amp.deinitialize() would not help: it leaves a cast model in its cast dtype."
+                if cast else "Or call amp.deinitialize() first (the model is still fp32).")
             raise AmpUsageError(
                 f"this {type(model).__name__} was already passed to an earlier amp.initialize in this process, "
                 f"and opt_level {properties.opt_level} would cast it again. Initialize a fresh copy of the "
-                "model (e.g. copy.deepcopy before the first initialize), or call amp.deinitialize() first."
+                f"model (e.g. copy.deepcopy before the first initialize). {way_out}"
             )
 
 

@@ -190,6 +190,39 @@ def test_passing_an_optimizer_or_a_cast_model_again_is_still_an_error():
         amp.deinitialize()
 
 
+def test_the_way_out_the_error_names_for_a_cast_model_trains_it_with_a_new_optimizer():
+    """Stage two of a fine-tune: the error names `amp.initialize([], new_optimizer)`, not deinitialize (which
+    leaves the model cast, so its next initialize would refuse the half model). The reference: the new
+    optimizer steps the cast model as a first initialize of a model with those (bf16) weights would."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    model, opt = amp.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1), opt_level="O2",
+                                dtype=torch.bfloat16, verbosity=0)
+    x = torch.randn(8, 4)
+    try:
+        new_opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with pytest.raises(RuntimeError, match=r"pass the optimizer alone: `_, optimizer = amp.initialize\(\[\]"):
+            amp.initialize(model, new_opt, opt_level="O2", dtype=torch.bfloat16, verbosity=0)
+        reference = torch.nn.Linear(4, 3)
+        reference.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+        _, new_opt = amp.initialize([], new_opt, opt_level="O2", dtype=torch.bfloat16, verbosity=0)
+        with amp.scale_loss(model(x).float().sum(), new_opt) as scaled:
+            scaled.backward()
+        new_opt.step()
+        stepped = {k: v.clone() for k, v in model.state_dict().items()}
+    finally:
+        amp.deinitialize()
+    reference, reference_opt = amp.initialize(reference, torch.optim.SGD(reference.parameters(), lr=0.1),
+                                              opt_level="O2", dtype=torch.bfloat16, verbosity=0)
+    try:
+        with amp.scale_loss(reference(x).float().sum(), reference_opt) as scaled:
+            scaled.backward()
+        reference_opt.step()
+        assert all(torch.equal(stepped[k], v) for k, v in reference.state_dict().items())
+    finally:
+        amp.deinitialize()
+
+
 def test_an_o1_model_can_still_be_deep_copied_and_pickled():
     import pickle
 

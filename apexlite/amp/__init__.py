@@ -18,3 +18,13 @@ __all__ = [
     "register_float_function", "register_promote_function", "AmpConfigError", "AmpStateError",
     "AmpUsageError",
 ]
+
+
+def __getattr__(name: str):
+    """`amp.init`, apex's older handle API, loaded on first use from apexlite's apex tree (which imports this
+    package), so that a script whose `from apex import amp` became `from apexlite import amp` keeps it."""
+    if name == "init":
+        from apexlite.compat.apex.amp.amp import init
+
+        return init
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,7 @@ from apexlite.amp.advice import warn_known_traps
 from apexlite.amp.amp_optimizer import AmpOptimizer
 from apexlite.amp.plain_grads import PlainGrads
 from apexlite.amp.checkpoint_convert import check_carried_masters, take_carried_masters
-from apexlite.amp.errors import AmpConfigError
+from apexlite.amp.errors import AmpConfigError, AmpUsageError
 from apexlite.amp.fused_master import FusedMasterGrads, supports_fused_master_step
 from apexlite.amp.handle import AmpHandle
 from apexlite.amp.legacy_state import legacy_flags
@@ -294,6 +294,10 @@ def master_params(optimizer: Any) -> Iterator[torch.Tensor]:
 
     Under O2 their grads are unscaled fp32 values, ready for clipping.
     """
+    if not hasattr(optimizer, "param_groups"):
+        raise AmpUsageError(f"amp.master_params takes one optimizer (what amp.initialize returned); got "
+                            f"{type(optimizer).__name__}" + (": call it once per optimizer" if isinstance(
+                                optimizer, (list, tuple)) else "") + ".")
     session = current_session(required=False)
     amp_optimizer = session.amp_optimizer(optimizer, required=False) if session is not None else None
     if isinstance(getattr(amp_optimizer, "grads", None), FusedMasterGrads):

@@ -37,6 +37,14 @@ def scale_loss(loss: torch.Tensor, optimizers: Any, loss_id: int = 0, model: Any
     left as it was, and the exception propagates.
     """
     session = current_session(required=True, message=NOT_INITIALIZED_MESSAGE)
+    if not isinstance(loss, torch.Tensor):
+        raise AmpUsageError(
+            f"amp.scale_loss needs the loss tensor (before .item()), one per block; got {type(loss).__name__}"
+            + (": sum the losses, or give each its own block and loss_id" if isinstance(loss, (list, tuple)) else "")
+            + ".")
+    if isinstance(loss_id, bool) or not hasattr(loss_id, "__index__"):
+        raise AmpUsageError(f"loss_id must be an int (0 .. num_losses - 1); got {loss_id!r}.")
+    loss_id = loss_id.__index__()
     if not session.properties.enabled:
         yield loss
         return

@@ -35,6 +35,8 @@ def convert_syncbn_model(module: torch.nn.Module, process_group: Optional[Any] =
 
     Call it before `amp.initialize`, so O2 sees (and keeps fp32) the new layers.
     """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"convert_syncbn_model takes the model (a torch.nn.Module); got {type(module).__name__}.")
     if channel_last:
         raise ValueError(_CHANNEL_LAST_ERROR)
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group)

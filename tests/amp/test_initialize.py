@@ -140,6 +140,18 @@ def test_scale_loss_before_initialize_and_foreign_optimizer():
     with pytest.raises(RuntimeError, match="loss_id=1 is out of range"):
         with amp.scale_loss(model(torch.randn(2, 3)).sum(), opt, loss_id=1):
             pass
+    loss = model(torch.randn(2, 3)).sum()
+    for bad, needle in [(loss.item(), "needs the loss tensor .*got float"), ([loss, loss], "got list: sum the losses"),
+                        (3, "got int")]:
+        with pytest.raises(RuntimeError, match=needle):
+            with amp.scale_loss(bad, opt):
+                pass
+    for bad_id in ("0", 0.0, True):
+        with pytest.raises(RuntimeError, match="loss_id must be an int"):
+            with amp.scale_loss(loss, opt, loss_id=bad_id):
+                pass
+    with pytest.raises(RuntimeError, match="takes one optimizer .* once per optimizer"):
+        list(amp.master_params([opt]))
 
 
 def test_banner_matches_apex_layout(caplog):

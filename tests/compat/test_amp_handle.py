@@ -10,8 +10,15 @@ from apexlite.compat.hook import apex_aliases
 pytestmark = pytest.mark.usefixtures("cast_path")  # native and pure-Python O1 casts
 
 
-@pytest.fixture
-def amp():
+@pytest.fixture(params=["apex.amp", "apexlite.amp"])
+def amp(request):
+    """apex's amp under the alias, and apexlite.amp (a script whose import became `from apexlite import amp`)."""
+    if request.param == "apexlite.amp":
+        from apexlite import amp as apexlite_amp
+
+        yield apexlite_amp
+        apexlite_amp.deinitialize()
+        return
     with apex_aliases():
         from apex import amp as legacy_amp
 

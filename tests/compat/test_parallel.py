@@ -3,6 +3,7 @@ buffer helpers and SyncBatchnormFunction in one process."""
 import pytest
 import torch
 
+import apexlite.parallel as apexlite_parallel
 from apexlite.compat.apex import parallel
 
 
@@ -130,3 +131,10 @@ def test_sync_batchnorm_function_matches_batch_norm_in_one_process(affine):
     torch.testing.assert_close(out, ref)
     for grad, ref_grad in zip(grads, ref_grads):
         torch.testing.assert_close(grad, ref_grad)
+
+
+@pytest.mark.parametrize("convert", [parallel.convert_syncbn_model, apexlite_parallel.convert_syncbn_model],
+                         ids=["apex.parallel", "apexlite.parallel"])
+def test_convert_syncbn_model_of_no_model_says_what_it_takes(convert):
+    with pytest.raises(TypeError, match="takes the model .*got NoneType"):
+        convert(None)

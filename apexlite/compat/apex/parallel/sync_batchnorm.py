@@ -93,6 +93,8 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
 def convert_syncbn_model(module: torch.nn.Module, process_group: Any = None,
                          channel_last: bool = False) -> torch.nn.Module:
     """Replace every batchnorm layer (not instance norm) with SyncBatchNorm, keeping weights and stats."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"convert_syncbn_model takes the model (a torch.nn.Module); got {type(module).__name__}.")
     if isinstance(module, _BatchNorm) and not isinstance(module, torch.nn.modules.instancenorm._InstanceNorm):
         converted = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
                                   module.track_running_stats, process_group, channel_last=channel_last)

@@ -316,6 +316,25 @@ def test_user_registrations_apply_to_the_next_o1_session():
     assert torch.tanh(torch.ones(2)).dtype is torch.float32
     with pytest.raises(ValueError, match="No function named"):
         amp.register_half_function(torch, "not_a_function")
+    with pytest.raises(ValueError, match="takes the module object, not its name"):
+        amp.register_float_function("torch", "sigmoid")
+
+
+def test_a_registration_after_initialize_is_warned_and_waits_for_the_next_session(caplog):
+    """apex ignored it silently until the next initialize; apexlite does the same, and says so."""
+    amp.initialize(*model_opt(), opt_level="O1", verbosity=0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="apexlite"):
+            amp.register_half_function(torch, "tanh")
+        assert "takes effect at the next amp.initialize" in caplog.text
+        assert torch.tanh(torch.ones(2)).dtype is torch.float32  # not in this session
+    finally:
+        amp.deinitialize()
+    amp.initialize(*model_opt(), opt_level="O1", verbosity=0)
+    try:
+        assert torch.tanh(torch.ones(2)).dtype is torch.float16
+    finally:
+        amp.deinitialize()
 
 
 def test_decorators_cast_only_under_o1():

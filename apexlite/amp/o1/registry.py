@@ -9,7 +9,10 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, List, Tuple
 
+from apexlite._logging import get_logger
 from apexlite.amp.o1.policies import CastPolicy
+
+log = get_logger("amp")
 
 
 class PendingRegistrations:
@@ -19,9 +22,19 @@ class PendingRegistrations:
 
     @classmethod
     def add(cls, module: Any, name: str, policy: CastPolicy) -> None:
+        if isinstance(module, str):
+            raise ValueError(f"register_*_function takes the module object, not its name: write "
+                             f"(`{module}`, {name!r}) without quotes around {module}, after `import {module}`.")
         if not hasattr(module, name):
             raise ValueError(f"No function named {name} in module {module}.")
         cls.items.append((module, name, policy))
+        from apexlite.amp.session import current_session  # (the session module imports this one)
+
+        session = current_session(required=False)
+        if session is not None and session.patches_torch:
+            log.warning("amp.register_*_function(%s, %r) after amp.initialize: it takes effect at the next "
+                        "amp.initialize, as in apex, not in this session. Register before initialize.",
+                        getattr(module, "__name__", module), name)
 
     @classmethod
     def take(cls) -> List[Tuple[Any, str, CastPolicy]]:

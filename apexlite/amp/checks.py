@@ -1,6 +1,7 @@
 """Validation of what `initialize` receives; every error names the problem and the fix."""
 from __future__ import annotations
 
+import inspect
 from typing import Any, List, Optional
 
 import torch
@@ -194,11 +195,25 @@ def check_optimizers(optimizers: List[Any]) -> None:
                 "optimizers must be either a single optimizer or a list of optimizers "
                 f"(torch.optim.Optimizer or an optimizer wrapper such as LARC); got {name}."
             )
+        if _needs_closure(optimizer):
+            raise AmpUsageError(
+                f"{name} steps only as optimizer.step(closure), re-running the forward and backward inside the "
+                "step, where amp.scale_loss cannot scale them (apex refused closures at the step too). Train it "
+                "without amp, or use an optimizer that steps without a closure.")
     seen = set()
     for optimizer in optimizers:
         if hasattr(optimizer, "_amp_stash") or id(optimizer) in seen:
             raise AmpUsageError("A given optimizer should only be passed through amp.initialize once.")
         seen.add(id(optimizer))
+
+
+def _needs_closure(optimizer: Any) -> bool:
+    """Whether the optimizer's step requires a closure argument (torch.optim.LBFGS)."""
+    try:
+        closure = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):  # a builtin or wrapped step without a signature
+        return False
+    return closure is not None and closure.default is inspect.Parameter.empty
 
 
 def check_unique_params(optimizers: List[Any]) -> None:

@@ -109,6 +109,7 @@ MISUSE = [
      "none of the 1 parameters SGD holds belongs to a model"),
     (lambda m, o: amp.initialize(m, torch.optim.SGD([*m.parameters(), torch.nn.Parameter(torch.ones(2).half())], lr=1),
                                  opt_level="O2"), r"belong to no model .* not float32 \(shapes \[\(2,\)\]\)"),
+    (lambda m, o: amp.initialize(m, torch.optim.LBFGS(m.parameters())), r"LBFGS steps only as optimizer.step\(closure\)"),
 ]
 
 

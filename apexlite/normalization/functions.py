@@ -28,7 +28,11 @@ def as_shape(normalized_shape: Shape) -> Tuple[int, ...]:
     """normalized_shape as a tuple of ints (an int means the last dim)."""
     if isinstance(normalized_shape, numbers.Integral):
         return (int(normalized_shape),)
-    return tuple(int(size) for size in normalized_shape)
+    if isinstance(normalized_shape, torch.Size) or (isinstance(normalized_shape, (list, tuple)) and all(
+            isinstance(size, numbers.Integral) for size in normalized_shape)):
+        return tuple(int(size) for size in normalized_shape)
+    raise TypeError(f"normalized_shape must be an int or a sequence of ints (the trailing dims to normalize, e.g. "
+                    f"768 or (768,)); got {normalized_shape!r}.")
 
 
 # --- LayerNorm -------------------------------------------------------------------------------------

@@ -125,3 +125,13 @@ def test_mixed_variants_are_always_affine():
 def test_shape_mismatches_raise_clearly(call, message):
     with pytest.raises(RuntimeError, match=message):
         call()
+
+
+@pytest.mark.parametrize("shape", ["768", 768.0, [7, "6"]], ids=repr)
+def test_a_normalized_shape_that_is_not_ints_is_refused_as_torch_refuses_it(shape):
+    """A string read from a config became shape (7, 6, 8) element by element; torch.nn.LayerNorm raises TypeError."""
+    with pytest.raises(TypeError):
+        torch.nn.LayerNorm(shape)
+    for cls in (FusedLayerNorm, FusedRMSNorm):
+        with pytest.raises(TypeError, match="normalized_shape must be an int or a sequence of ints"):
+            cls(shape)

@@ -86,6 +86,12 @@ def check_models(models: List[Any]) -> None:
                 "models must be either a single model or a list of models (torch.nn.Module); "
                 f"got {type(model).__name__}."
             )
+        if isinstance(model, torch.jit.ScriptModule):
+            raise AmpUsageError(
+                f"the model is a TorchScript module ({type(model).__name__}): amp.initialize hooks a model's "
+                "forward, which TorchScript modules refuse. Pass the eager model to amp.initialize, and script or "
+                "trace it afterwards if needed (MIGRATION.md, TorchScript)."
+            )
     seen = set()
     for model in models:
         if id(model) in seen:

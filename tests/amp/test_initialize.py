@@ -110,6 +110,8 @@ MISUSE = [
     (lambda m, o: amp.initialize(m, torch.optim.SGD([*m.parameters(), torch.nn.Parameter(torch.ones(2).half())], lr=1),
                                  opt_level="O2"), r"belong to no model .* not float32 \(shapes \[\(2,\)\]\)"),
     (lambda m, o: amp.initialize(m, torch.optim.LBFGS(m.parameters())), r"LBFGS steps only as optimizer.step\(closure\)"),
+    (lambda m, o: amp.initialize(torch.jit.script(torch.nn.Linear(2, 2)), opt_level="O2"),
+     "is a TorchScript module .* Pass the eager model"),
 ]
 
 

@@ -121,6 +121,8 @@ def _parse_loss_scale(value: Any) -> LossScale:
     if value == "dynamic":
         return "dynamic"
     try:
+        if isinstance(value, bool):  # loss_scale=True read as 1.0 (no scaling) is never what was meant
+            raise TypeError
         scale = float(value)
     except (TypeError, ValueError):
         raise AmpConfigError(

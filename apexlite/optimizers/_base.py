@@ -32,14 +32,19 @@ def clear_grads(params: Iterable[torch.Tensor], set_to_none: bool, foreach: bool
         torch._foreach_zero_(grads)
 
 
-def check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any, owner: str) -> None:
-    """The constructor's checks of a group's hyper-parameters, with messages that say the valid range."""
-    if isinstance(lr, torch.Tensor):
-        raise TypeError(f"{owner} takes lr as a Python float; pass float(lr) (a tensor lr is not supported).")
-    for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+def check_numbers(owner: str, **values: Any) -> None:
+    """Each keyword is a real number, not NaN (a value read from a config file or a command line is a str)."""
+    for name, value in values.items():
+        if isinstance(value, torch.Tensor):
+            raise TypeError(f"{owner} takes {name} as a Python float; pass float({name}) (a tensor is not supported).")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value:
             raise TypeError(f"{owner} takes {name} as a number, got {type(value).__name__} {value!r}; pass "
                             f"float({name}) (a value read from a config file or the command line is a str)")
+
+
+def check_hyper(lr: Any, betas: Any, eps: Any, weight_decay: Any, owner: str) -> None:
+    """The constructor's checks of a group's hyper-parameters, with messages that say the valid range."""
+    check_numbers(owner, lr=lr, eps=eps, weight_decay=weight_decay)
     if not isinstance(betas, (tuple, list)) or not all(isinstance(b, numbers.Real) for b in betas):
         raise TypeError(f"{owner} takes betas as a pair of numbers, (beta1, beta2), got {betas!r}")
     if not 0.0 <= lr:

@@ -7,7 +7,7 @@ import torch
 
 from apexlite._logging import get_logger
 from apexlite.optimizers import multi_tensor
-from apexlite.optimizers._base import ApexStyleOptimizer, check_hyper
+from apexlite.optimizers._base import ApexStyleOptimizer, check_hyper, check_numbers
 from apexlite.optimizers._lamb_rule import lamb_update
 
 _SUPPORTED = (torch.float16, torch.float32, torch.bfloat16)
@@ -40,6 +40,7 @@ class FusedLAMB(ApexStyleOptimizer):
         if amsgrad:
             raise RuntimeError("FusedLAMB does not support the AMSGrad variant.")
         check_hyper(lr, betas, eps, weight_decay, owner=type(self).__name__)
+        check_numbers(type(self).__name__, max_grad_norm=max_grad_norm)
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
                         weight_decay=weight_decay, grad_averaging=grad_averaging, max_grad_norm=max_grad_norm)
         super().__init__(params, defaults)

@@ -54,6 +54,7 @@ BAD_OVERRIDES = [
     (dict(opt_level="O1", master_weights=True), "master_weights"),
     (dict(opt_level="O1", loss_scale="big"), "loss_scale"),
     (dict(opt_level="O1", loss_scale=-1), "loss_scale"),
+    (dict(opt_level="O1", loss_scale=True), "loss_scale must be a positive number"),
     (dict(opt_level="O1", num_losses=0), "num_losses"),
     (dict(opt_level="O1", dtype=torch.float64), "dtype"),
     (dict(opt_level="O1", min_loss_scale=2.0 ** 20, max_loss_scale=2.0 ** 10), "min_loss_scale"),

@@ -63,6 +63,19 @@ def test_hyper_parameters_out_of_range_are_refused(cls, bad, message):
         cls([torch.nn.Parameter(torch.zeros(2))], **bad)
 
 
+TYPE_CASES = [(FusedSGD, {"lr": "0.1"}), (FusedSGD, {"momentum": "0.9", "lr": 0.1}), (FusedAdagrad, {"lr": "0.1"}),
+              (FusedAdagrad, {"eps": None}), (FusedLAMB, {"max_grad_norm": float("nan")}),
+              (FusedLAMB, {"max_grad_norm": "1.0"}), (FusedAdam, {"lr": "1e-3"})]
+
+
+@pytest.mark.parametrize("cls,bad", TYPE_CASES, ids=lambda v: str(v))
+def test_a_hyper_parameter_that_is_not_a_number_is_named(cls, bad):
+    """A str from a config file gave a bare '<' not supported error; a NaN max_grad_norm a self-contradicting warning."""
+    name = next(iter(bad))
+    with pytest.raises(TypeError, match=f"takes {name} as a number"):
+        cls([torch.nn.Parameter(torch.zeros(2))], **bad)
+
+
 @pytest.mark.parametrize("cls,kwargs", OPTIMIZERS, ids=IDS)
 def test_a_loaded_state_dict_reads_back_exactly_as_it_was_saved(cls, kwargs):
     """torch's load adds `differentiable` to the defaults and each group; a resumed run's state_dict then

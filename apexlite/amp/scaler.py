@@ -83,6 +83,7 @@ class LossScaler:
             flag.zero_()
         self._overflow_buf.zero_()
 
+    @torch._disable_dynamo  # run as it is under torch.compile: a traced Python scale recompiled at every new value
     def unscale(self, grads: Iterable[torch.Tensor]) -> None:
         """Unscale `grads` in place, accumulating the device-side overflow flag."""
         unscale_and_check(grads, 1.0 / self._loss_scale, self._found_inf)

@@ -157,3 +157,39 @@ def test_an_o1_model_compiles_in_one_graph_and_recompiles_cleanly():
         amp.deinitialize()
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1
     assert compiled.dtype is torch.bfloat16 and torch.equal(compiled, eager)
+
+
+def test_a_compiled_whole_step_does_not_recompile_as_the_loss_scale_moves():
+    """The unscale once traced the Python loss scale as a constant: each new scale value compiled it again, until
+    dynamo's recompile limit sent it back to eager with a warning. The reference is the eager run's parameters."""
+    from torch._dynamo.utils import counters
+
+    def run(compiled):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        model, opt = amp.initialize(model, opt, opt_level="O1", dtype=torch.bfloat16, loss_scale="dynamic",
+                                    verbosity=0)
+
+        def step(x):
+            loss = model(x).float().pow(2).mean()
+            with amp.scale_loss(loss, opt) as scaled:
+                scaled.backward()
+            opt.step()
+            opt.zero_grad()
+
+        step = torch.compile(step, backend="aot_eager") if compiled else step
+        x = torch.randn(4, 8)
+        graphs = []
+        try:
+            for i in range(16):
+                step(x * (1e38 if i % 2 == 0 else 1.0))  # every other step overflows: the scale halves
+                graphs.append(counters["stats"]["unique_graphs"])
+            return [p.detach().clone() for p in model.parameters()], graphs
+        finally:
+            amp.deinitialize()
+
+    eager, _ = run(compiled=False)
+    compiled, graphs = run(compiled=True)
+    assert graphs[4] == graphs[-1]  # no new graph once the first steps compiled, whatever the scale
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))

@@ -14,7 +14,10 @@
 #include <torch/csrc/jit/frontend/tracer.h>
 
 #include <c10/core/ScalarType.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/SmallVector.h>
+
+#include <cstring>
 
 #include "o1_cast_args.h"
 #include "o1_casts.h"
@@ -99,13 +102,33 @@ PyObject* promote_call(CastWrapperObject* self, PyObject* wrapped, PyObject* ins
   return PyObject_Call(self->original, call_args.ptr(), kwargs);
 }
 
+// A torch decomposition calling the patched op while a dispatch mode traces (torch.compile's AOT step,
+// make_fx): its dtypes are torch's own choice (the CPU attention math upcasts to fp32), so no O1 cast applies.
+// Read from the calling Python frame's module, only while a dispatch mode is active (never in eager code).
+bool called_by_torch_internals() {
+  if (c10::impl::TorchDispatchModeTLS::stack_len() == 0) return false;
+  PyObject* globals = PyEval_GetGlobals();  // borrowed: the frame that called the patched op
+  if (globals == nullptr) return false;
+  PyObject* module = PyDict_GetItemString(globals, "__name__");  // borrowed
+  const char* name = module != nullptr && PyUnicode_Check(module) ? PyUnicode_AsUTF8(module) : nullptr;
+  if (name == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  for (const char* prefix : {"torch._decomp", "torch._refs", "torch._prims"}) {
+    if (std::strncmp(name, prefix, std::strlen(prefix)) == 0) return true;
+  }
+  return false;
+}
+
 PyObject* dispatch(CastWrapperObject* self, PyObject* const* argv) {
   PyObject* wrapped = argv[0];
   PyObject* instance = argv[1];
   PyObject* args = argv[2];
   PyObject* kwargs = argv[3] == Py_None ? nullptr : argv[3];
   CastStateObject* state = self->state;
-  if (!state->active || disabled_depth(state) != 0 || torch::jit::tracer::isTracing() || writes_out(kwargs)) {
+  if (!state->active || disabled_depth(state) != 0 || torch::jit::tracer::isTracing() || writes_out(kwargs) ||
+      called_by_torch_internals()) {
     return PyObject_Call(wrapped, args, kwargs);
   }
   switch (self->policy) {

@@ -12,6 +12,7 @@ Every wrapper passes a call straight to the unpatched op, as plain torch runs it
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Optional, Tuple
 
 import torch
@@ -67,13 +68,31 @@ def _cast_call(original, instance, args, kwargs, cast) -> Any:
     return original(cast(instance), *cast_args, **kwargs)
 
 
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_dynamo_tracing = getattr(torch.compiler, "is_dynamo_compiling", lambda: False)
+_TORCH_INTERNALS = ("torch._decomp", "torch._refs", "torch._prims")
+
+
+def called_by_torch_internals() -> bool:
+    """A torch decomposition calling the patched op while a dispatch mode traces (torch.compile's AOT step,
+    make_fx): its dtypes are torch's own choice (the CPU attention math upcasts to fp32), so no O1 cast
+    applies. Only looked at while a dispatch mode is active, never while dynamo traces user code."""
+    if _dynamo_tracing() or not _dispatch_modes():
+        return False
+    frame = sys._getframe(2)  # wrapper <- wrapt (C: no frame; pure Python: one) <- the caller
+    if frame is not None and frame.f_globals.get("__name__", "").startswith("wrapt"):
+        frame = frame.f_back
+    return frame is not None and frame.f_globals.get("__name__", "").startswith(_TORCH_INTERNALS)
+
+
 def _fixed_dtype_wrapper(state: CastState, original: Callable, name: str, low: bool) -> Callable:
     """LOW_PRECISION (cached, dtype read per call) or FLOAT (uncached) casts."""
     casters = {}
     fp32_cast = None if low else _caster(state, torch.float32, name, use_cache=False)
 
     def wrapper(wrapped, instance, args, kwargs):
-        if not state.active or state.thread.disabled_depth or tracing() or (kwargs and kwargs.get("out") is not None):
+        if (not state.active or state.thread.disabled_depth or tracing() or (kwargs and kwargs.get("out") is not None)
+                or called_by_torch_internals()):
             return wrapped(*args, **kwargs)
         cast = fp32_cast
         if cast is None:
@@ -87,7 +106,8 @@ def _fixed_dtype_wrapper(state: CastState, original: Callable, name: str, low: b
 
 def _promote_wrapper(state: CastState, original: Callable, name: str, sequence: bool) -> Callable:
     def wrapper(wrapped, instance, args, kwargs):
-        if not state.active or state.thread.disabled_depth or tracing() or (kwargs and kwargs.get("out") is not None):
+        if (not state.active or state.thread.disabled_depth or tracing() or (kwargs and kwargs.get("out") is not None)
+                or called_by_torch_internals()):
             return wrapped(*args, **kwargs)
         found: set = set()
         if instance is not None:

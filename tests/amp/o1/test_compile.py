@@ -193,3 +193,34 @@ def test_a_compiled_whole_step_does_not_recompile_as_the_loss_scale_moves():
     compiled, graphs = run(compiled=True)
     assert graphs[4] == graphs[-1]  # no new graph once the first steps compiled, whatever the scale
     assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+
+
+@pytest.mark.parametrize("heads", ["3-D", "4-D"])
+def test_attention_backward_under_aot_eager_equals_eager(heads, cast_path):
+    """torch's decomposition of the CPU attention math upcasts to fp32 and calls torch.bmm, which O1 cast back to
+    bf16 while the graph was traced: the 3-D backward raised a dtype mismatch. The reference is eager O1."""
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.query = torch.nn.Linear(8, 8)
+
+        def forward(self, h):
+            if heads == "4-D":
+                h = h.unsqueeze(1)
+            return torch.nn.functional.scaled_dot_product_attention(self.query(h), h, h).float().sum()
+
+    def grads(compiled):
+        torch.manual_seed(0)
+        model = Attention()
+        amp.initialize(model, opt_level="O1", dtype=torch.bfloat16, verbosity=0)
+        try:
+            forward = torch.compile(model, backend="aot_eager") if compiled else model
+            forward(torch.randn(2, 6, 8)).backward()
+            return [param.grad.clone() for param in model.parameters()]
+        finally:
+            amp.deinitialize()
+
+    eager = grads(compiled=False)
+    compiled = grads(compiled=True)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b, rtol=0.02, atol=0.02)

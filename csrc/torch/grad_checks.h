@@ -14,9 +14,15 @@ namespace apexlite {
 
 // Equal strides on every dim that addresses memory (size > 1): the same dense block, element for element.
 inline bool same_layout(const at::Tensor& grad, const at::Tensor& param) {
-  if (grad.dim() != param.dim() || grad.sizes() != param.sizes()) return false;
-  for (int64_t d = 0; d < param.dim(); ++d) {
-    if (param.size(d) > 1 && grad.stride(d) != param.stride(d)) return false;
+  // sizes and strides read once each (Tensor::size(d) and stride(d) wrap and check d on every call)
+  const c10::TensorImpl* grad_impl = grad.unsafeGetTensorImpl();
+  const c10::TensorImpl* param_impl = param.unsafeGetTensorImpl();
+  const c10::IntArrayRef sizes = param_impl->sizes();
+  if (grad_impl->sizes() != sizes) return false;
+  const c10::IntArrayRef grad_strides = grad_impl->strides();
+  const c10::IntArrayRef param_strides = param_impl->strides();
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] > 1 && grad_strides[d] != param_strides[d]) return false;
   }
   return true;
 }

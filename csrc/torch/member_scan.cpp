@@ -30,10 +30,6 @@ void bump(PyObject* members, Py_ssize_t i) { param_at(members, i).unsafeGetTenso
 
 }  // namespace
 
-bool param_as_built(const SetView& set, Py_ssize_t i, const at::Tensor& param) {
-  return address_of(param) == set.expected[2 * i] && param.numel() == set.expected[2 * i + 1];
-}
-
 void prefetch_member(PyObject* members, Py_ssize_t i, Py_ssize_t end) {
   if (i + 3 * kAhead < end) __builtin_prefetch(PyTuple_GET_ITEM(members, i + 3 * kAhead));
   if (i + 2 * kAhead < end) prefetch_lines(param_at(members, i + 2 * kAhead).unsafeGetTensorImpl());

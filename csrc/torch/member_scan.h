@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "grad_checks.h"
+
 namespace apexlite {
 
 // Why a set's step leaves the flat buffers. Must match REASONS in apexlite/optimizers/_flat_grads.py.
@@ -38,8 +40,11 @@ struct SetView {
   at::ScalarType dtype;     // the grads' dtype
 };
 
-// Whether member i's param is where, and as large as, the set built it (a replaced .data is not).
-bool param_as_built(const SetView& set, Py_ssize_t i, const at::Tensor& param);
+// Whether member i's param is where, and as large as, the set built it (a replaced .data is not). Inline: it
+// runs once per member per step, in two translation units.
+inline bool param_as_built(const SetView& set, Py_ssize_t i, const at::Tensor& param) {
+  return address_of(param) == set.expected[2 * i] && param.unsafeGetTensorImpl()->numel() == set.expected[2 * i + 1];
+}
 
 // Whether member i's fp32 master holds a grad of its own (amp O2 with clipping or accumulation).
 bool has_master_grad(const SetView& set, Py_ssize_t i);

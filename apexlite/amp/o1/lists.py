@@ -98,10 +98,12 @@ BANNED_MESSAGES: Dict[str, str] = {
         "to combine Sigmoid+BCELoss into a single layer that is compatible with amp.\n"
         "Another option is to add\n"
         "    amp.register_float_function(torch, 'sigmoid')\n"
-        "before calling `amp.initialize()` (or `amp.init()`).\n"
-        "If you _really_ know what you are doing, you can run it in fp32 with\n"
-        "    amp.register_float_function(torch.nn.functional, 'binary_cross_entropy')\n"
-        "before `amp.initialize()`, or by passing allow_banned=True to `amp.init()`."
+        "before calling `amp.init()`.\n"
+        "If you _really_ know what you are doing, you can disable this warning by passing allow_banned=True to "
+        "`amp.init()`."
+        # apex's text ends there (kept verbatim for log parsers); what applies to amp.initialize follows
+        "\n\nWith amp.initialize: call amp.register_float_function(torch, 'sigmoid') before it, or run the loss "
+        "in fp32 with amp.register_float_function(torch.nn.functional, 'binary_cross_entropy') before it."
     ),
 }
 

@@ -130,6 +130,23 @@ def test_banned_binary_cross_entropy_points_to_bce_with_logits(o1):
     assert expected.dtype is torch.float32
 
 
+APEX_BANNED_TEXT = (  # apex's message as its documentation gives it (log parsers match it): apexlite's starts with it
+    "\namp does not work out-of-the-box with `F.binary_cross_entropy` or `torch.nn.BCELoss.` It requires that the "
+    "output of the previous function be already a FloatTensor. \n\nMost models have a Sigmoid right before BCELoss. "
+    "In that case, you can use\n    torch.nn.BCEWithLogitsLoss\nto combine Sigmoid+BCELoss into a single layer that "
+    "is compatible with amp.\nAnother option is to add\n    amp.register_float_function(torch, 'sigmoid')\nbefore "
+    "calling `amp.init()`.\nIf you _really_ know what you are doing, you can disable this warning by passing "
+    "allow_banned=True to `amp.init()`.")
+
+
+def test_the_banned_message_starts_with_apex_text_verbatim(o1):
+    o1(torch.bfloat16)
+    with pytest.raises(NotImplementedError) as raised:
+        torch.nn.functional.binary_cross_entropy(torch.rand(2).bfloat16(), torch.rand(2))
+    assert str(raised.value).startswith(APEX_BANNED_TEXT)
+    assert "With amp.initialize: call amp.register_float_function(torch, 'sigmoid') before it" in str(raised.value)
+
+
 def test_casts_leave_float64_int_and_bool_alone(o1):
     o1(torch.float16)
     a64 = torch.randn(2, 3, dtype=torch.float64)

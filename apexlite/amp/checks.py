@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import numbers
 from typing import Any, List, Optional
 
 import torch
@@ -30,10 +31,14 @@ def check_scalar_arguments(num_losses: Any, verbosity: Any, min_loss_scale: Any,
         raise AmpConfigError(f"min_loss_scale must be None or a number >= 0; got {min_loss_scale!r}.")
     if not (_is_number(max_loss_scale) and max_loss_scale > 0):
         raise AmpConfigError(f"max_loss_scale must be a number > 0 (apex's default: 2.**24); got {max_loss_scale!r}.")
+    if min_loss_scale and min_loss_scale > max_loss_scale:
+        raise AmpConfigError(
+            f"min_loss_scale ({min_loss_scale}) must not exceed max_loss_scale ({max_loss_scale})."
+        )
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's floats too
 
 
 def check_enabled(enabled: Any) -> bool:
@@ -46,10 +51,6 @@ def check_enabled(enabled: Any) -> bool:
     if isinstance(enabled, int) and enabled in (0, 1):
         return bool(enabled)
     raise AmpConfigError(f"enabled must be True or False; got {enabled!r}.")
-    if min_loss_scale and min_loss_scale > max_loss_scale:
-        raise AmpConfigError(
-            f"min_loss_scale ({min_loss_scale}) must not exceed max_loss_scale ({max_loss_scale})."
-        )
 
 
 def check_initial_scale(properties: Properties, min_loss_scale: Optional[float], max_loss_scale: float) -> None:
@@ -118,7 +119,8 @@ def check_models_not_recast(models: List[torch.nn.Module], registered: List[torc
             cast = any(param.dtype in (torch.float16, torch.bfloat16) for param in model.parameters())
             way_out = (
                 "To train it with a new optimizer, pass the optimizer alone: `_, optimizer = amp.initialize([], "
-                f"optimizer, opt_level={properties.opt_level!r})` (its masters start from the model's current "
+                f"optimizer, opt_level={properties.opt_level!r}, dtype={properties.cast_model_type})` (the model's "
+                "dtype, which a call without dtype= would change for the session; its masters start from its current "
                 "weights). amp.deinitialize() would not help: it leaves a cast model in its cast dtype."
                 if cast else "Or call amp.deinitialize() first (the model is still fp32).")
             raise AmpUsageError(

@@ -80,12 +80,14 @@ def scaled_backward(session: AmpSession, loss: torch.Tensor, amp_optimizers: Lis
 
     for amp_optimizer in amp_optimizers:
         amp_optimizer.prepare_backward(scaler.loss_scale())
-    scaled = base * scaler.loss_scale()
-    watch = _ScaledLossWatch(scaler.loss_scale(), scaled)
+    watch = None
     try:
+        scaled = base * scaler.loss_scale()
+        watch = _ScaledLossWatch(scaler.loss_scale(), scaled)
         yield scaled
     except BaseException:
-        watch.block_ended = True
+        if watch is not None:
+            watch.block_ended = True
         try:
             _settle_after_error(amp_optimizers, scaler, delay_unscale)
         except Exception as cleanup_error:  # the user's exception is the one to see
@@ -94,7 +96,7 @@ def scaled_backward(session: AmpSession, loss: torch.Tensor, amp_optimizers: Lis
             session.end_iteration()
         raise
     watch.block_ended = True
-    watch.warn_if_not_backpropagated()
+    watch.warn_if_not_backpropagated(amp_optimizers)
     try:
         if not delay_unscale and not scaler.overflow_check_pending:
             scaler.clear_overflow_state()
@@ -118,8 +120,8 @@ def scaled_backward(session: AmpSession, loss: torch.Tensor, amp_optimizers: Lis
 class _ScaledLossWatch:
     """Whether the scaled loss a block yields is backpropagated inside the block (a hook on it; nothing under
     torch.compile). After the block its grads would reach the step still multiplied by the loss scale (raised
-    at that backward, before any grad is written); a block that backpropagated something else (`loss.backward()`)
-    has its grads divided by the scale on leaving (warned)."""
+    at that backward, before any grad is written); a block that made grads by another backward (`loss.backward()`)
+    has them divided by the scale on leaving (warned)."""
 
     def __init__(self, scale: float, scaled: torch.Tensor) -> None:
         self.scale = scale
@@ -138,8 +140,9 @@ class _ScaledLossWatch:
                 "scaled_loss.backward()`.")
         self.backpropagated = True
 
-    def warn_if_not_backpropagated(self) -> None:
-        if self.watching and not self.backpropagated:
+    def warn_if_not_backpropagated(self, amp_optimizers: List[Any]) -> None:
+        """Only where the block made grads (a block that skipped its backward on purpose, a NaN loss, made none)."""
+        if self.watching and not self.backpropagated and any(o.new_grads() for o in amp_optimizers):
             log.warning(
                 "amp.scale_loss: the block ended without a backward of the scaled loss it yielded. If it ran "
                 "`loss.backward()` on the unscaled loss, its grads were just divided by the loss scale (%g) and the "

@@ -14,6 +14,7 @@ from typing import Any, Dict, List
 import torch
 
 from apexlite.amp.model_cast import UndoLog, restore_networks
+from apexlite.amp.o1.compiled_graphs import keep_graphs_in_step
 from apexlite.amp.o1.patches import patch_torch_functions
 from apexlite.amp.o1.registry import PendingRegistrations
 
@@ -92,4 +93,5 @@ class InitializeTransaction:
         session.o1_patcher.undo_all()
         session.o1_registrations = list(self.o1_registrations)
         if self.o1_was_installed:
+            keep_graphs_in_step(session.o1_patcher)  # as set_o1_patches installs it: first, undone last
             patch_torch_functions(session, session.o1_registrations)

@@ -32,10 +32,13 @@ def clear_grads(params: Iterable[torch.Tensor], set_to_none: bool, foreach: bool
         torch._foreach_zero_(grads)
 
 
-def check_numbers(owner: str, **values: Any) -> None:
-    """Each keyword is a real number, not NaN (a value read from a config file or a command line is a str)."""
+def check_numbers(owner: str, tensors: bool = False, **values: Any) -> None:
+    """Each keyword is a real number, not NaN (a value read from a config file or a command line is a str); with
+    `tensors`, a one-element tensor is taken too (an lr schedule under torch.compile keeps lr in one)."""
     for name, value in values.items():
         if isinstance(value, torch.Tensor):
+            if tensors and value.numel() == 1:
+                continue
             raise TypeError(f"{owner} takes {name} as a Python float; pass float({name}) (a tensor is not supported).")
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value:
             raise TypeError(f"{owner} takes {name} as a number, got {type(value).__name__} {value!r}; pass "

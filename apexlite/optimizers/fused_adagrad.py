@@ -22,7 +22,7 @@ class FusedAdagrad(ApexStyleOptimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-2, eps: float = 1e-10, weight_decay: float = 0.0,
                  set_grad_none: bool = True, adagrad_w_mode: bool = False) -> None:
-        check_numbers(type(self).__name__, lr=lr, eps=eps, weight_decay=weight_decay)
+        check_numbers(type(self).__name__, tensors=True, lr=lr, eps=eps, weight_decay=weight_decay)
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if eps < 0.0:

@@ -31,7 +31,7 @@ class FusedSGD(ApexStyleOptimizer):
     def __init__(self, params: Iterable[Any], lr: float = required, momentum: float = 0, dampening: float = 0,
                  weight_decay: float = 0, nesterov: bool = False, wd_after_momentum: bool = False,
                  materialize_master_grads: bool = True, set_grad_none: bool = False) -> None:
-        check_numbers(type(self).__name__, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+        check_numbers(type(self).__name__, tensors=True, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                       **({} if lr is required else {"lr": lr}))
         if lr is not required and lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")

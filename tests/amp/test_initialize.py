@@ -64,6 +64,7 @@ BAD_OVERRIDES = [
     (dict(opt_level="O1", max_loss_scale=None), "max_loss_scale must be a number"),
     (dict(opt_level="O1", max_loss_scale="1e6"), "max_loss_scale must be a number"),
     (dict(opt_level="O1", min_loss_scale="a"), "min_loss_scale must be None or a number"),
+    (dict(opt_level="O1", loss_scale=128.0, min_loss_scale=1024.0, max_loss_scale=16.0), "must not exceed"),
 ]
 
 

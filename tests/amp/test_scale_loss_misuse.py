@@ -2,7 +2,7 @@
 - `scaled_loss.backward()` dedented below the block: the grads reached the step multiplied by the loss scale
   at O1/O3 (O2 already refused the step). Now that backward raises before it writes any grad;
 - `loss.backward()` inside the block instead of the scaled loss: the grads were divided by the loss scale on
-  leaving. Now a warning names it; a block that ran no backward at all (a skipped batch) is warned the same way.
+  leaving. Now a warning names it (a block that made no grads at all, a skipped batch, is not warned).
 The reference is the same model stepped through a correct block.
 """
 import logging
@@ -67,11 +67,25 @@ def test_a_correct_block_is_not_warned(opt_level, caplog):
 
 
 @pytest.mark.parametrize("opt_level", LEVELS)
+def test_a_block_that_skips_its_backward_on_purpose_is_not_warned(opt_level, caplog):
+    """`if torch.isfinite(scaled): scaled.backward()`: no grads were made, so nothing was divided."""
+    model, opt = build(opt_level)
+    try:
+        with caplog.at_level(logging.WARNING, logger="apexlite"):
+            with amp.scale_loss(loss_of(model) * float("nan"), opt) as scaled:
+                if torch.isfinite(scaled):
+                    scaled.backward()
+    finally:
+        amp.deinitialize()
+    assert "without a backward of the scaled loss" not in caplog.text
+
+
+@pytest.mark.parametrize("opt_level", LEVELS)
 def test_unscaled_backward_inside_the_block_is_warned(opt_level, caplog):
     model, opt = build(opt_level)
     try:
         with caplog.at_level(logging.WARNING, logger="apexlite"):
-            with amp.scale_loss(loss_of(model), opt) as scaled:
+            with amp.scale_loss(loss_of(model), opt):
                 loss_of(model).backward()
     finally:
         amp.deinitialize()

@@ -76,6 +76,20 @@ def test_a_hyper_parameter_that_is_not_a_number_is_named(cls, bad):
         cls([torch.nn.Parameter(torch.zeros(2))], **bad)
 
 
+@pytest.mark.parametrize("cls,reference", [(FusedSGD, torch.optim.SGD), (FusedAdagrad, torch.optim.Adagrad)],
+                         ids=["FusedSGD", "FusedAdagrad"])
+def test_a_tensor_lr_still_steps_as_torch_does(cls, reference):
+    """The type checks above must not refuse a one-element tensor lr (what an lr schedule under torch.compile uses)."""
+    stepped = []
+    for make in (cls, reference):
+        param = torch.nn.Parameter(torch.ones(3))
+        optimizer = make([param], lr=torch.tensor(0.1))
+        param.grad = torch.tensor([1.0, -2.0, 0.5])
+        optimizer.step()
+        stepped.append(param.detach().clone())
+    torch.testing.assert_close(stepped[0], stepped[1])
+
+
 @pytest.mark.parametrize("cls,kwargs", OPTIMIZERS, ids=IDS)
 def test_a_loaded_state_dict_reads_back_exactly_as_it_was_saved(cls, kwargs):
     """torch's load adds `differentiable` to the defaults and each group; a resumed run's state_dict then

@@ -12,6 +12,7 @@ work as in apex, on torch's _flatten_dense_tensors/_unflatten_dense_tensors (ape
 the same) for tensors on any device.
 """
 import inspect
+import numbers
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
@@ -160,7 +161,8 @@ class DistributedDataParallel(torch.nn.parallel.DistributedDataParallel):
             log.warning("gradient_average_split_factor is deprecated; use gradient_predivide_factor "
                         "(using %s as the predivide factor)", gradient_average_split_factor)
             gradient_predivide_factor = gradient_average_split_factor
-        if not isinstance(gradient_predivide_factor, (int, float)) or not gradient_predivide_factor > 0:
+        if (isinstance(gradient_predivide_factor, bool) or not isinstance(gradient_predivide_factor, numbers.Real)
+                or not gradient_predivide_factor > 0):
             raise ValueError(f"gradient_predivide_factor must be a number > 0 (the sum is divided by it before and "
                              f"by world_size / it after); got {gradient_predivide_factor!r}.")
         if not dist.is_available() or not dist.is_initialized():

@@ -83,7 +83,7 @@ def scaled_backward(session: AmpSession, loss: torch.Tensor, amp_optimizers: Lis
     watch = None
     try:
         scaled = base * scaler.loss_scale()
-        watch = _ScaledLossWatch(scaler.loss_scale(), scaled)
+        watch = _watch(scaler.loss_scale(), scaled)
         yield scaled
     except BaseException:
         if watch is not None:
@@ -147,6 +147,11 @@ class _ScaledLossWatch:
                 "amp.scale_loss: the block ended without a backward of the scaled loss it yielded. If it ran "
                 "`loss.backward()` on the unscaled loss, its grads were just divided by the loss scale (%g) and the "
                 "update will be that much too small: call `scaled_loss.backward()` inside the block.", self.scale)
+
+
+@torch._disable_dynamo  # under torch.compile: run as it is (a traced scale would recompile at each new value)
+def _watch(scale: float, scaled: torch.Tensor) -> "_ScaledLossWatch":
+    return _ScaledLossWatch(scale, scaled)
 
 
 def _settle_after_error(amp_optimizers: List[Any], scaler: LossScaler, delay_unscale: bool) -> None:

@@ -131,6 +131,7 @@ class RunStats:
         self.report_path = report_path
 
     # --- recording (called by scale_loss, the session and AmpOptimizer) ---------------------------
+    @torch._disable_dynamo  # run as it is under torch.compile: its host floats (a clock) recompiled each step
     def record_loss(self, loss: torch.Tensor, scale: Optional[float] = None) -> None:
         """One loss given to scale_loss, and the loss scale that multiplies it (a host float: no sync). Its
         time is left out of the step's (the tensor ops here cost tens of microseconds a step on a CPU, which

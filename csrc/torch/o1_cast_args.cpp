@@ -5,6 +5,8 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <c10/core/GradMode.h>
+
 namespace apexlite {
 namespace o1 {
 namespace {
@@ -124,7 +126,7 @@ py::object Caster::tensor(PyObject* obj) const {
     return py::reinterpret_steal<py::object>(out);
   }
   // outside a registered forward, casts under no_grad are not cached (NOTE [cast cache lifetime])
-  if (use_cache && state->use_cache && state->cache != nullptr && (at::GradMode::is_enabled() || in_forward(state))) {
+  if (use_cache && state->use_cache && state->cache != nullptr && (c10::GradMode::is_enabled() || in_forward(state))) {
     // a strong reference: Python code may give the state another cache while this cast runs
     const py::object cache = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(state->cache));
     return py::reinterpret_steal<py::object>(THPVariable_Wrap(

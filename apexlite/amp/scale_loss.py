@@ -118,8 +118,8 @@ def scaled_backward(session: AmpSession, loss: torch.Tensor, amp_optimizers: Lis
 
 
 class _ScaledLossWatch:
-    """Whether the scaled loss a block yields is backpropagated inside the block (a hook on it; nothing under
-    torch.compile). After the block its grads would reach the step still multiplied by the loss scale (raised
+    """Whether the scaled loss a block yields is backpropagated inside the block (a hook on it, registered
+    eagerly: see `_watch`). After the block its grads would reach the step still multiplied by the loss scale (raised
     at that backward, before any grad is written); a block that made grads by another backward (`loss.backward()`)
     has them divided by the scale on leaving (warned)."""
 
@@ -127,7 +127,7 @@ class _ScaledLossWatch:
         self.scale = scale
         self.block_ended = False
         self.backpropagated = False
-        self.watching = scaled.requires_grad and not _compiling()
+        self.watching = scaled.requires_grad
         if self.watching:
             scaled.register_hook(self._on_backward)
 

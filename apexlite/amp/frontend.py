@@ -150,10 +150,12 @@ def _register(session: AmpSession, transaction: InitializeTransaction, model_lis
     for model in model_list:
         session.models.add(model)
         if properties.master_weights:  # a load_state_dict later must reach the masters (master_sync.py)
+            follow = MastersFollowLoads(session)
             for module in model.modules():
-                if module._parameters:
-                    session.patcher.add_handle(module.register_load_state_dict_post_hook(MastersFollowLoads(session)),
-                                               "load_state_dict post-hook (O2 masters follow)", owner=module)
+                session.patcher.add_handle(module._register_load_state_dict_pre_hook(follow.read, with_module=True),
+                                           "load_state_dict pre-hook (O2 masters follow)", owner=module)
+                session.patcher.add_handle(module.register_load_state_dict_post_hook(follow),
+                                           "load_state_dict post-hook (O2 masters follow)", owner=module)
     for optimizer in optimizer_list:
         if properties.cast_model_type and not properties.master_weights and _recast_state(optimizer):
             session.info("cast the optimizer state %s held before amp.initialize to its params' dtype",

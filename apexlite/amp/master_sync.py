@@ -22,11 +22,13 @@ a rounding error. Masters restored from a checkpoint (carried into initialize) a
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
+from apexlite.amp.errors import AmpUsageError
+from apexlite.amp.opt_levels import LOW_PRECISION_DTYPES
 from apexlite.amp.session import current_session
 
 
@@ -81,18 +83,65 @@ class MasterSync:
                          rebuilt, len(pairs))
 
 
+def take_loaded_masters(pairs: List[Tuple[torch.Tensor, torch.Tensor]],
+                        loaded: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> int:
+    """Each master whose param a `load_state_dict` just wrote from an fp32 value takes that value exactly (the
+    param holds it rounded), so a run fine-tuned from fp32 weights loaded after initialize starts from them
+    unrounded; returns how many masters were set."""
+    taken = 0
+    with torch.no_grad():
+        for param, master in pairs:
+            param_and_value = loaded.get(id(param))
+            if param_and_value is None or param_and_value[0] is not param:
+                continue
+            value = param_and_value[1]
+            if torch.equal(param, value.to(device=param.device, dtype=param.dtype)):  # the load did write it
+                master.copy_(value)
+                taken += 1
+    return taken
+
+
 class MastersFollowLoads:
-    """The ``load_state_dict`` post-hook on each module of an O2 model: re-arms the check above. It holds its
-    session weakly, and a copied or unpickled model (``copy.deepcopy``, ``torch.save(model)``, an EMA copy)
-    gets an inert one: the copy's params are no optimizer's, and the session itself cannot be copied."""
+    """The ``load_state_dict`` hooks on each module of an O2 model: the pre-hook (`read`) notes the fp32 values
+    loaded into low-precision params, the post-hook of the module the load was called on hands them to the
+    session (masters take them; other changed params' masters follow at the next use). It holds its session
+    weakly, and a copied or unpickled model (``copy.deepcopy``, ``torch.save(model)``, an EMA copy) gets an
+    inert one: the copy's params are no optimizer's, and the session itself cannot be copied."""
 
     def __init__(self, session: Optional[Any]) -> None:
         self._session = weakref.ref(session) if session is not None else None
+        self._root: Optional[int] = None  # id of the module whose load_state_dict runs
+        self._loaded: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}  # id(param) -> (param, fp32 value)
+
+    def _live_session(self) -> Optional[Any]:
+        session = self._session() if self._session is not None else None
+        return session if session is not None and not session.closed else None
+
+    def read(self, module: torch.nn.Module, state_dict: Dict[str, Any], prefix: str, local_metadata: Dict[str, Any],
+             *_: Any) -> None:
+        if self._live_session() is None:
+            return
+        if local_metadata.get("assign_to_params_buffers") and module._parameters:
+            raise AmpUsageError(
+                f"{type(module).__name__}.load_state_dict(..., assign=True) after an O2 amp.initialize would put the "
+                "checkpoint's tensors in place of the low-precision params amp made and the optimizer's masters "
+                "follow; load without assign=True (values are copied in and cast) or load before amp.initialize.")
+        if not prefix:  # the module load_state_dict was called on (its children's prefixes name them)
+            self._root, self._loaded = id(module), {}
+        for name, param in module._parameters.items():
+            value = state_dict.get(prefix + name)
+            if (param is not None and param.dtype in LOW_PRECISION_DTYPES and isinstance(value, torch.Tensor)
+                    and value.dtype == torch.float32 and value.shape == param.shape):
+                self._loaded[id(param)] = (param, value)
 
     def __call__(self, module: torch.nn.Module, incompatible: Any) -> None:
-        session = self._session() if self._session is not None else None
-        if session is not None and not session.closed:
-            session.weights_loaded(module, incompatible)
+        session = self._live_session()
+        if session is None or id(module) != self._root:
+            return
+        loaded, self._root, self._loaded = self._loaded, None, {}
+        for amp_optimizer in list(session.optimizers.values()):
+            take_loaded_masters(amp_optimizer.grads.master_pairs(), loaded)
+            amp_optimizer.grads.weights_loaded()
 
     def __reduce__(self) -> tuple:
         return (MastersFollowLoads, (None,))

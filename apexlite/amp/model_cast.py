@@ -135,11 +135,13 @@ def restore_networks(undo: UndoLog, models: List[torch.nn.Module]) -> None:
 
 def install_io_casts(model: torch.nn.Module, patcher: Patcher, input_dtype: Optional[torch.dtype],
                      output_dtype: torch.dtype) -> None:
-    """Register the input/output cast hooks on the model (inputs only when `input_dtype` is given)."""
+    """Register the input/output cast hooks on the model (inputs only when `input_dtype` is given). The output
+    cast runs before the user's forward hooks, so they see the cast output whenever they were registered, as
+    with apex's replaced forward; the input cast runs after the pre-hooks registered before it."""
     if input_dtype is not None:
         handle = model.register_forward_pre_hook(CastInputs(input_dtype), with_kwargs=True)
         patcher.add_handle(handle, f"{type(model).__name__} input cast hook", owner=model)
-    handle = model.register_forward_hook(CastOutputs(output_dtype))
+    handle = model.register_forward_hook(CastOutputs(output_dtype), prepend=True)
     patcher.add_handle(handle, f"{type(model).__name__} output cast hook", owner=model)
 
 

@@ -272,11 +272,6 @@ class AmpSession:
             )
         return state
 
-    def weights_loaded(self, module: torch.nn.Module, incompatible: Any) -> None:
-        """load_state_dict post-hook on O2's models: every optimizer's masters follow changed params at next use."""
-        for state in list(self.optimizers.values()):
-            state.grads.weights_loaded()
-
     # --- teardown ------------------------------------------------------------------------------
     def close(self) -> None:
         """Undo every patch and forget all state. Idempotent."""

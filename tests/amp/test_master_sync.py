@@ -5,7 +5,8 @@ add_param_group, so weights loaded into the model after `initialize` (fine-tunin
 broadcast into it (DDP) were what it trained. apexlite builds masters in `initialize`; these tests hold
 it to apex's documented result on both O2 paths (separate masters with a torch optimizer, FusedAdam's
 fused masters): a written param's master is that param, upcast; an untouched param keeps the exact fp32
-weight it started from.
+weight it started from. One step beyond apex: a param `load_state_dict` wrote from an fp32 value gets that
+value as its master, unrounded (apex trained from the fp16 rounding of fine-tuning weights).
 """
 import copy
 import io
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from apexlite import amp
+from apexlite.amp.errors import AmpUsageError
 from apexlite.optimizers import FusedAdam
 
 LOW = [torch.float16, torch.bfloat16]
@@ -61,8 +63,48 @@ def test_weights_loaded_after_initialize_are_trained_not_reverted(name, low):
     _backward_and_step(model, optimizer, low)
     for param, value in zip(model.parameters(), loaded.values()):
         assert torch.equal(param, value.to(low))  # what load_state_dict wrote into the low-precision model
-    for master, param in zip(amp.master_params(optimizer), model.parameters()):
-        assert master.dtype == torch.float32 and torch.equal(master, param.float())
+    for master, value in zip(amp.master_params(optimizer), loaded.values()):
+        assert master.dtype == torch.float32 and torch.equal(master, value)  # the loaded fp32 value, unrounded
+    assert any(not torch.equal(v, v.to(low).float()) for v in loaded.values())  # rounding would have shown
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_weights_loaded_in_low_precision_give_masters_their_upcast(name):
+    """A checkpoint saved in bf16 holds nothing finer than the model param: the master is the param, upcast."""
+    low = torch.bfloat16
+    model, optimizer, _ = _set_up(OPTIMIZERS[name], low)
+    loaded = {key: value.to(low) for key, value in _loaded_weights(model).items()}
+    model.load_state_dict(loaded)
+    _backward_and_step(model, optimizer, low)
+    for master, value in zip(amp.master_params(optimizer), loaded.values()):
+        assert torch.equal(master, value.float())
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_a_partial_load_sets_exactly_the_masters_it_wrote(name):
+    """strict=False with a key missing, and a load of one layer through the whole model's hooks: the masters of
+    the params written take the loaded values, the others keep their exact fp32 start."""
+    low = torch.bfloat16
+    model, optimizer, originals = _set_up(OPTIMIZERS[name], low)
+    loaded = _loaded_weights(model)
+    del loaded["0.bias"]
+    model.load_state_dict(loaded, strict=False)
+    _backward_and_step(model, optimizer, low)
+    expected = [loaded["0.weight"], originals[1], loaded["2.weight"], loaded["2.bias"]]
+    assert all(torch.equal(m, e) for m, e in zip(amp.master_params(optimizer), expected))
+
+
+def test_a_load_that_fails_on_a_shape_leaves_the_masters_of_what_it_did_not_write():
+    """torch writes the matching tensors and then raises for the mismatched one: masters follow exactly that."""
+    low = torch.bfloat16
+    model, optimizer, originals = _set_up(OPTIMIZERS["SGD, separate masters"], low)
+    loaded = _loaded_weights(model)
+    loaded["2.weight"] = torch.zeros(3, 3)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        model.load_state_dict(loaded)
+    _backward_and_step(model, optimizer, low)
+    expected = [loaded["0.weight"], loaded["0.bias"], originals[2], loaded["2.bias"]]
+    assert all(torch.equal(m, e) for m, e in zip(amp.master_params(optimizer), expected))
 
 
 @pytest.mark.parametrize("low", LOW, ids=str)
@@ -135,16 +177,28 @@ def test_weights_loaded_after_steps_are_trained_not_reverted(name, whole_model):
     for index, (param, master) in enumerate(zip(model.parameters(), amp.master_params(optimizer))):
         key = ["0.weight", "0.bias", "2.weight", "2.bias"][index]
         if whole_model or key.startswith("2."):
-            assert torch.equal(param, loaded[key].to(low)) and torch.equal(master, loaded[key].to(low).float())
+            assert torch.equal(param, loaded[key].to(low)) and torch.equal(master, loaded[key])
         else:
             assert torch.equal(master, masters_before[index])  # fp32 precision kept where nothing was loaded
 
 
+def test_a_load_with_assign_is_refused_before_it_replaces_a_param():
+    """assign=True would put fp32 tensors in place of the cast params the masters follow (then a dtype error at
+    the next forward, or a model the optimizer no longer steps)."""
+    model, _, _ = _set_up(OPTIMIZERS["SGD, separate masters"], torch.bfloat16)
+    params = list(model.parameters())
+    with pytest.raises(AmpUsageError, match="assign=True"):
+        model.load_state_dict(_loaded_weights(model), assign=True)
+    assert all(a is b for a, b in zip(params, model.parameters()))
+
+
 def test_the_load_hooks_go_with_the_session():
     model, optimizer, _ = _set_up(OPTIMIZERS["SGD, separate masters"], torch.bfloat16)
-    assert all(module._load_state_dict_post_hooks for module in model.modules() if module._parameters)
+    assert all(module._load_state_dict_post_hooks and module._load_state_dict_pre_hooks
+               for module in model.modules())
     amp.deinitialize()
-    assert not any(module._load_state_dict_post_hooks for module in model.modules())
+    assert not any(module._load_state_dict_post_hooks or module._load_state_dict_pre_hooks
+                   for module in model.modules())
 
 
 def _copied(model, how):

@@ -20,6 +20,8 @@ def snapshot_patch_targets() -> Dict[str, Any]:
     pairs = [(e.namespace, e.name) for e in op_entries()] + natively_promoted_entries()
     pairs.append(("torch.nn.RNNBase", "check_input"))  # the O1 RNN input check (apexlite/amp/o1/rnn_input.py)
     pairs += [("torch.jit", name) for name in ("script", "trace", "trace_module")]  # apexlite/amp/o1/torchscript.py
+    pairs += [(f"torch.utils.data._utils.fetch.{fetcher}", "fetch")  # apexlite/amp/o1/data_loading.py
+              for fetcher in ("_MapDatasetFetcher", "_IterableDatasetFetcher")]
     snapshot = {}
     for namespace, name in pairs:
         snapshot[f"{namespace}.{name}"] = _own_attribute(resolve(namespace), name)

@@ -18,6 +18,7 @@ use torch.autocast there. The eager model keeps its O1 casts.
 from __future__ import annotations
 
 import collections
+import sys
 from typing import Any, Callable
 
 import torch
@@ -76,12 +77,28 @@ def _without_apexlite_hooks(module: torch.nn.Module) -> torch.nn.Module:
     return clone
 
 
+def _frames_added() -> int:
+    """How many frames stand between the caller of the patched torch.jit.script and torch's own: `_script`'s,
+    and wrapt's where it runs in Python."""
+    frame = sys._getframe(1)
+    added = 0
+    while frame is not None and frame.f_globals.get("__name__", "").startswith((__name__, "wrapt")):
+        added += 1
+        frame = frame.f_back
+    return added
+
+
 def _script(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """torch.jit.script, given a hook-free copy of a module that carries apexlite's hooks."""
+    """torch.jit.script, given a hook-free copy of a module that carries apexlite's hooks. A scripted class
+    resolves its names in the frame `_frames_up` counts from torch's script; it counts past this wrapper."""
     if args and isinstance(args[0], torch.nn.Module) and _has_apexlite_hooks(args[0]):
         args = (_without_apexlite_hooks(args[0]),) + tuple(args[1:])
     elif isinstance(kwargs.get("obj"), torch.nn.Module) and _has_apexlite_hooks(kwargs["obj"]):
         kwargs = dict(kwargs, obj=_without_apexlite_hooks(kwargs["obj"]))
+    if len(args) > 2:
+        args = args[:2] + (args[2] + _frames_added(),) + args[3:]
+    else:
+        kwargs = dict(kwargs, _frames_up=kwargs.get("_frames_up", 0) + _frames_added())
     return wrapped(*args, **kwargs)
 
 

@@ -75,3 +75,37 @@ def test_script_builtins_of_the_wrappers_are_removed_with_the_patches():
         amp.deinitialize()
     assert torch.jit._builtins._find_builtin(wrapper) is None
     assert torch.jit._builtins._find_builtin(torch.mm) == "aten::mm"
+
+
+def _doubled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+class _Projection:
+    """A scripted class that calls a module-level function: TorchScript resolves `_doubled` in the frame that
+    called torch.jit.script (torch.distributed.optim's functional optimizers are such classes)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return _doubled(x) @ self.weight
+
+
+def test_a_class_scripted_under_o1_resolves_the_callers_names():
+    model = torch.nn.Linear(3, 3)
+    amp.initialize(model, opt_level="O1", verbosity=0)
+    try:
+        scripted = torch.jit.script(_Projection)
+    finally:
+        amp.deinitialize()
+    weight, x = torch.randn(3, 2), torch.randn(4, 3)
+    assert torch.equal(scripted(weight).apply(x), _Projection(weight).apply(x))
+
+
+def test_torch_distributed_optim_imports_under_o1(cast_path):
+    """Its functional optimizers are scripted classes, scripted at import (and amp.initialize imports it)."""
+    code = ("import torch; from apexlite import amp; amp.initialize(torch.nn.Linear(2, 2), opt_level='O1', "
+            "verbosity=0); import torch.distributed.optim; print('ok')")
+    result = run_on_cast_path(cast_path, ["-c", code])
+    assert result.stdout.strip().endswith("ok")

@@ -38,7 +38,7 @@ from apexlite.amp.errors import AmpUsageError
 from apexlite.amp.grad_strategy import spread
 from apexlite.amp.checkpoint_convert import MASTERS_KEY, without_marker
 from apexlite.amp.master_copies import (LOW_PRECISION, check_saved_masters, copy_into, keep_loaded_weights,
-                                        o2_accumulation_note, stale_masters_note, written_since_masters)
+                                        o2_accumulation_note, stale_masters_note)
 from apexlite.master_rounding import holds_master
 from apexlite.amp.master_sync import MasterSync, several_processes
 from apexlite.amp.o1.patcher import Patcher
@@ -200,8 +200,8 @@ class FusedMasterGrads:
         """The masters take the model's weights where they changed since initialize (MasterSync's first use)."""
         self.sync_from_model()
 
-    def weights_loaded(self) -> None:
-        self.sync_from_model.rearm()
+    def weights_loaded(self, loaded: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.sync_from_model.rearm(loaded)
 
     def before_step(self) -> None:
         self.sync_from_model()
@@ -296,9 +296,9 @@ class FusedMasterGrads:
         halves = self._half_params()
         if saved is not None:  # before anything is loaded (FusedAdam checks its per-param state itself)
             check_saved_masters(saved, halves)
-        written = written_since_masters(halves, [self._master(param) for param in halves])
+        written = self.sync_from_model.written(halves, [self._master(param) for param in halves])
         self._load_state_dict(state_dict)
-        self.sync_from_model.done = True  # the masters come from the checkpoint (or FusedAdam's own state)
+        self.sync_from_model.settle()  # the masters come from the checkpoint (or FusedAdam's own state)
         if saved is not None:
             with torch.no_grad():
                 for param, master in zip(halves, saved):

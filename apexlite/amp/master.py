@@ -35,7 +35,7 @@ from apexlite.amp.checks import sparse_grad_error
 from apexlite.amp.errors import AmpUsageError
 from apexlite.amp.grad_strategy import spread
 from apexlite.amp.master_copies import (LOW_PRECISION, check_saved_masters, copy_into, keep_loaded_weights,
-                                        o2_accumulation_note, stale_masters_note, written_since_masters)
+                                        o2_accumulation_note, stale_masters_note)
 from apexlite.amp.master_sync import MasterSync, several_processes
 from apexlite.master_rounding import holds_master
 from apexlite.amp.o1.patcher import Patcher
@@ -175,8 +175,8 @@ class MasterParams:
         """The masters take the model's weights where they changed since initialize (MasterSync's first use)."""
         self.sync_from_model()
 
-    def weights_loaded(self) -> None:
-        self.sync_from_model.rearm()
+    def weights_loaded(self, loaded: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.sync_from_model.rearm(loaded)
 
     def before_step(self) -> None:
         self.sync_from_model()
@@ -283,14 +283,14 @@ class MasterParams:
             saved = take_owned_masters(state_dict, optimizer_params(self.optimizer), self.masters)
         if saved is not None:
             check_saved_masters(saved, self.masters)
+        written = self.sync_from_model.written(self.model_params, self.masters)
         self._load_state_dict(state_dict)
-        self.sync_from_model.done = True  # the masters come from the checkpoint or, below, the model
+        self.sync_from_model.settle()  # the masters come from the checkpoint or, below, the model
         if saved is None:
             # A checkpoint without masters (e.g. written by apex): rebuild them from the model weights.
             with torch.no_grad():
                 torch._foreach_copy_(self.masters, [p.float() for p in self.model_params])
             return
-        written = written_since_masters(self.model_params, self.masters)
         with torch.no_grad():
             torch._foreach_copy_(self.masters, [t.to(m.device) for t, m in zip(saved, self.masters)])
         rebuilt = keep_loaded_weights(self.model_params, self.masters, written)

@@ -45,14 +45,8 @@ def check_saved_masters(saved: Any, targets: List[torch.Tensor]) -> None:
             )
 
 
-def written_since_masters(params: List[torch.Tensor], masters: List[torch.Tensor]) -> List[bool]:
-    """For each low-precision param, whether it was written since its master was (a model `load_state_dict`):
-    it no longer holds the master rounded to its dtype."""
-    return [not torch.equal(param, master.to(param.dtype)) for param, master in zip(params, masters)]
-
-
 def keep_loaded_weights(params: List[torch.Tensor], masters: List[torch.Tensor], written: List[bool]) -> int:
-    """After an optimizer checkpoint set `masters`: where a param was written before that load (`written`) and
+    """After an optimizer checkpoint set `masters`: where a param was written before that load (`written`, MasterSync.written) and
     the loaded master does not round to it, the model's checkpoint and the optimizer's come from different
     steps (a run continued without amp kept the old masters): the loaded model weights win, as apex built
     its masters from them; returns how many masters were rebuilt so."""

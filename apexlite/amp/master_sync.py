@@ -22,7 +22,7 @@ a rounding error. Masters restored from a checkpoint (carried into initialize) a
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 import torch.distributed as dist
@@ -58,16 +58,31 @@ class MasterSync:
         self._label = label
         self.done = False
         self.carried = carried  # the masters came from a checkpoint: only changed params rebuild theirs
+        self._loaded: Set[int] = set()  # ids of params whose masters took loaded fp32 values since the last use
 
-    def rearm(self) -> None:
-        """The model's weights were loaded: at the next use, rebuild the masters of the params that changed."""
+    def rearm(self, loaded: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """The model's weights were loaded (`loaded`: the fp32 values, by id of param): those masters take them
+        now; at the next use, the masters of other params that changed are rebuilt from them."""
+        self._loaded.update(take_loaded_masters(self._pairs(), loaded))
         self.done = False
         self.carried = True
+
+    def written(self, params: List[torch.Tensor], masters: List[torch.Tensor]) -> List[bool]:
+        """For each param, whether the model wrote it since its master was last in use (a load, which may have set
+        the master too, or another write the master does not round to)."""
+        return [id(param) in self._loaded or not torch.equal(param, master.to(param.dtype))
+                for param, master in zip(params, masters)]
+
+    def settle(self) -> None:
+        """An optimizer checkpoint set the masters: nothing is left to rebuild."""
+        self.done = True
+        self._loaded.clear()
 
     def __call__(self) -> None:
         if self.done:
             return
         self.done = True
+        self._loaded.clear()
         pairs = self._pairs()
         every = not self.carried and several_processes()
         rebuilt = rebuild_changed_masters(pairs, every=every)
@@ -84,11 +99,11 @@ class MasterSync:
 
 
 def take_loaded_masters(pairs: List[Tuple[torch.Tensor, torch.Tensor]],
-                        loaded: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> int:
+                        loaded: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> List[int]:
     """Each master whose param a `load_state_dict` just wrote from an fp32 value takes that value exactly (the
     param holds it rounded), so a run fine-tuned from fp32 weights loaded after initialize starts from them
-    unrounded; returns how many masters were set."""
-    taken = 0
+    unrounded; returns the ids of the params whose masters were set."""
+    taken = []
     with torch.no_grad():
         for param, master in pairs:
             param_and_value = loaded.get(id(param))
@@ -97,7 +112,7 @@ def take_loaded_masters(pairs: List[Tuple[torch.Tensor, torch.Tensor]],
             value = param_and_value[1]
             if torch.equal(param, value.to(device=param.device, dtype=param.dtype)):  # the load did write it
                 master.copy_(value)
-                taken += 1
+                taken.append(id(param))
     return taken
 
 
@@ -140,8 +155,7 @@ class MastersFollowLoads:
             return
         loaded, self._root, self._loaded = self._loaded, None, {}
         for amp_optimizer in list(session.optimizers.values()):
-            take_loaded_masters(amp_optimizer.grads.master_pairs(), loaded)
-            amp_optimizer.grads.weights_loaded()
+            amp_optimizer.grads.weights_loaded(loaded)
 
     def __reduce__(self) -> tuple:
         return (MastersFollowLoads, (None,))

@@ -123,7 +123,7 @@ class PlainGrads:
     def lazy_init(self) -> None:
         """No masters here: nothing to build."""
 
-    def weights_loaded(self) -> None:
+    def weights_loaded(self, loaded: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> None:
         """No masters here: the optimizer steps the loaded params themselves."""
 
     def before_step(self) -> None:

@@ -5,7 +5,6 @@ Before, the block's grads stayed multiplied by the loss scale (65536x) on params
 None before the block, so a loop that caught the error and zeroed grads only after `step()` applied
 a 65536x update on the next step.
 """
-import copy
 
 import pytest
 import torch

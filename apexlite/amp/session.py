@@ -36,6 +36,7 @@ import torch
 
 from apexlite._logging import get_logger, is_rank_zero
 from apexlite.amp.o1.cache import tracing
+from apexlite.amp.o1.device_scope import follow_model
 from apexlite.amp.o1.native_casts import make_cache_and_state
 from apexlite.amp.errors import AmpStateError
 from apexlite.amp.opt_levels import Properties
@@ -129,6 +130,7 @@ class ForwardScopeStart:
     def __call__(self, module: Any, args: Any) -> None:
         session = _Process.session
         if session is not None and not tracing():  # compiled graphs hold their own casts, not the cache's
+            follow_model(session.cast_state, module)
             session.enter_forward(_module_call_frame(sys._getframe(1)))
 
 

@@ -61,7 +61,7 @@ class InitializeTransaction:
         self.scoped_before = session.scoped_models.items()
         state = session.cast_state
         self.cast_fields = {name: getattr(state, name) for name in ("active", "low_dtype", "log_casts",
-                                                                     "allow_banned", "use_cache")}
+                                                                     "allow_banned", "use_cache", "device_types")}
         self.o1_was_installed = len(session.o1_patcher) > 0
         self.o1_registrations = list(session.o1_registrations)
         self.taken_registrations: List[Any] = []

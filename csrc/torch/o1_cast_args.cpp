@@ -87,9 +87,11 @@ py::list new_list(PyObject* items) {
   return py::reinterpret_steal<py::list>(items);
 }
 
-void collect(PyObject* value, unsigned& found, int& depth) {
+void collect(const CastStateObject* state, PyObject* value, unsigned& found, int& depth) {
   if (is_tensor(value)) {
-    const at::ScalarType type = THPVariable_Unpack(value).scalar_type();
+    const at::Tensor& tensor = THPVariable_Unpack(value);
+    if (!in_device_scope(state, tensor)) return;
+    const at::ScalarType type = tensor.scalar_type();
     if (type == at::kFloat) found |= 1u;
     if (type == at::kHalf) found |= 2u;
     if (type == at::kBFloat16) found |= 4u;
@@ -98,11 +100,11 @@ void collect(PyObject* value, unsigned& found, int& depth) {
   if (PyList_Check(value) || PyTuple_Check(value)) {
     Nesting level(depth);
     const py::tuple items = snapshot(value);
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items.ptr()); ++i) collect(PyTuple_GET_ITEM(items.ptr(), i), found, depth);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items.ptr()); ++i) collect(state, PyTuple_GET_ITEM(items.ptr(), i), found, depth);
   } else if (PyDict_Check(value)) {
     Nesting level(depth);
     const py::list items = new_list(PyDict_Values(value));
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items.ptr()); ++i) collect(PyList_GET_ITEM(items.ptr(), i), found, depth);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items.ptr()); ++i) collect(state, PyList_GET_ITEM(items.ptr(), i), found, depth);
   }
 }
 
@@ -114,7 +116,9 @@ bool is_tensor(PyObject* obj) {
 
 py::object Caster::tensor(PyObject* obj) const {
   const at::ScalarType source = THPVariable_Unpack(obj).scalar_type();
-  if (source == dtype || !castable(source)) return py::reinterpret_borrow<py::object>(obj);
+  if (source == dtype || !castable(source) || !in_device_scope(state, THPVariable_Unpack(obj))) {
+    return py::reinterpret_borrow<py::object>(obj);
+  }
   if (state->log_casts) {
     py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(state))
         .attr("_log_cast")(py::handle(reinterpret_cast<PyObject*>(torch::getTHPDtype(source))),
@@ -182,10 +186,10 @@ py::object Caster::map(PyObject* value) const {
   return rebuild(value, mapped);
 }
 
-unsigned collect_float_dtypes(PyObject* value) {
+unsigned collect_float_dtypes(const CastStateObject* state, PyObject* value) {
   unsigned found = 0;
   int depth = 0;
-  collect(value, found, depth);
+  collect(state, value, found, depth);
   return found;
 }
 

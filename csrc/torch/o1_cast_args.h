@@ -28,8 +28,8 @@ struct Caster {
   pybind11::object map(PyObject* value) const;
 };
 
-// collect_float_dtypes, as a bit set: 1 float32, 2 float16, 4 bfloat16.
-unsigned collect_float_dtypes(PyObject* value);
+// collect_float_dtypes over the tensors in the state's device scope, as a bit set: 1 float32, 2 float16, 4 bfloat16.
+unsigned collect_float_dtypes(const CastStateObject* state, PyObject* value);
 
 }  // namespace o1
 }  // namespace apexlite

@@ -1,11 +1,14 @@
 // apexlite._C.CastState: the switches of one session's O1 wrappers (apexlite/amp/o1/cast_state.py's NOTE).
 // `active` and the options are per session; "casts off" blocks are a per-thread depth, kept here in
 // thread-local storage keyed by the state's id, so the native wrappers read it without Python.
+#include <c10/core/Device.h>
+#include <c10/core/DeviceType.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 
 #include <algorithm>
+#include <string>
 #include <atomic>
 #include <utility>
 #include <vector>
@@ -22,6 +25,10 @@ thread_local std::vector<uint64_t> forward_scopes;  // ids of the states whose r
 
 CastStateObject* as_state(PyObject* self) { return reinterpret_cast<CastStateObject*>(self); }
 
+constexpr uint64_t kEveryDevice = ~uint64_t{0};
+constexpr int kDeviceTypes = static_cast<int>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES);
+static_assert(kDeviceTypes <= 64, "device_mask holds one bit per c10::DeviceType");
+
 PyObject* state_new(PyTypeObject* type, PyObject*, PyObject*) {
   PyObject* self = type->tp_alloc(type, 0);
   if (self == nullptr) return nullptr;
@@ -31,6 +38,7 @@ PyObject* state_new(PyTypeObject* type, PyObject*, PyObject*) {
   state->use_cache = true;
   state->log_casts = false;
   state->allow_banned = false;
+  state->device_mask = kEveryDevice;
   state->cache = nullptr;
   state->id = next_state_id++;
   state->dict = nullptr;
@@ -92,6 +100,59 @@ int set_low_dtype(PyObject* self, PyObject* value, void*) {
     return -1;
   }
   as_state(self)->low_dtype = reinterpret_cast<THPDtype*>(value)->scalar_type;
+  return 0;
+}
+
+// device_types: None (every device) or a frozenset of device type names ("cpu", "cuda", ...).
+PyObject* get_device_types(PyObject* self, void*) {
+  const uint64_t mask = as_state(self)->device_mask;
+  if (mask == kEveryDevice) Py_RETURN_NONE;
+  PyObject* names = PyFrozenSet_New(nullptr);
+  if (names == nullptr) return nullptr;
+  for (int type = 0; type < kDeviceTypes; ++type) {
+    if (!((mask >> type) & 1u)) continue;
+    const std::string name = c10::DeviceTypeName(static_cast<c10::DeviceType>(type), /*lower_case=*/true);
+    PyObject* item = PyUnicode_FromString(name.c_str());
+    if (item == nullptr || PySet_Add(names, item) < 0) {
+      Py_XDECREF(item);
+      Py_DECREF(names);
+      return nullptr;
+    }
+    Py_DECREF(item);
+  }
+  return names;
+}
+
+int set_device_types(PyObject* self, PyObject* value, void*) {
+  if (value == nullptr || value == Py_None) {
+    as_state(self)->device_mask = kEveryDevice;
+    return 0;
+  }
+  PyObject* iterator = PyObject_GetIter(value);
+  if (iterator == nullptr) return -1;
+  uint64_t mask = 0;
+  PyObject* item = nullptr;
+  while ((item = PyIter_Next(iterator)) != nullptr) {
+    const char* name = PyUnicode_Check(item) ? PyUnicode_AsUTF8(item) : nullptr;
+    if (name == nullptr) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "device_types holds device type names such as 'cuda'");
+      Py_DECREF(item);
+      Py_DECREF(iterator);
+      return -1;
+    }
+    try {
+      mask |= uint64_t{1} << static_cast<unsigned>(c10::Device(std::string(name)).type());
+    } catch (const c10::Error&) {
+      PyErr_Format(PyExc_ValueError, "unknown device type %R in device_types", item);
+      Py_DECREF(item);
+      Py_DECREF(iterator);
+      return -1;
+    }
+    Py_DECREF(item);
+  }
+  Py_DECREF(iterator);
+  if (PyErr_Occurred()) return -1;
+  as_state(self)->device_mask = mask;
   return 0;
 }
 
@@ -166,6 +227,7 @@ PyGetSetDef state_getset[] = {
     {"allow_banned", get_allow_banned, set_allow_banned, "banned functions run in fp32", nullptr},
     {"low_dtype", get_low_dtype, set_low_dtype, "torch.float16 or torch.bfloat16", nullptr},
     {"cache", get_cache, set_cache, "the session's CastCache", nullptr},
+    {"device_types", get_device_types, set_device_types, "device types whose tensors are cast (None: all)", nullptr},
     {"enabled", get_enabled, nullptr, "casts apply to calls made by the current thread", nullptr},
     {"disabled_depth", get_disabled_depth, nullptr, "this thread's casts-off nesting depth", nullptr},
     {"in_forward", get_in_forward, set_in_forward, "this thread runs a registered model's forward", nullptr},

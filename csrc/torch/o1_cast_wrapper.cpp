@@ -3,7 +3,8 @@
 // apexlite/amp/o1/wrappers.py and policies.py, line for line:
 // - calls with `out=` (not None), calls made while torch.jit traces, and calls with the state's casts off
 //   go straight to the unpatched op (torch.autocast leaves out= calls uncast too);
-// - only float32/float16/bfloat16 tensors are cast (never float64, integer or bool ones), Tensor subclasses
+// - only float32/float16/bfloat16 tensors on the state's devices are cast (never float64, integer or bool
+//   ones; PROMOTE looks only at tensors on those devices), Tensor subclasses
 //   through policies.CONVERTERS; arguments are walked as policies' NOTE [walking arguments] says
 //   (o1_cast_args.cpp);
 // - LOW_PRECISION casts to the state's low dtype through the cache, FLOAT to float32 without it;
@@ -87,10 +88,10 @@ at::ScalarType widest(unsigned found) {
 PyObject* promote_call(CastWrapperObject* self, PyObject* wrapped, PyObject* instance, PyObject* args,
                        PyObject* kwargs, bool sequence) {
   unsigned found = 0;
-  if (instance != Py_None) found |= collect_float_dtypes(instance);
+  if (instance != Py_None) found |= collect_float_dtypes(self->state, instance);
   const Py_ssize_t n = PyTuple_GET_SIZE(args);
-  found |= collect_float_dtypes(sequence && n > 0 ? PyTuple_GET_ITEM(args, 0) : args);
-  if (!sequence && kwargs != nullptr) found |= collect_float_dtypes(kwargs);
+  found |= collect_float_dtypes(self->state, sequence && n > 0 ? PyTuple_GET_ITEM(args, 0) : args);
+  if (!sequence && kwargs != nullptr) found |= collect_float_dtypes(self->state, kwargs);
   if (__builtin_popcount(found) <= 1) return PyObject_Call(wrapped, args, kwargs);
   const Caster cast{self->state, widest(found), false, self->name};
   if (!sequence) return cast_call(wrapped, self->original, instance, args, kwargs, cast);

@@ -36,6 +36,7 @@ struct CastStateObject {
   bool use_cache;
   bool log_casts;
   bool allow_banned;
+  uint64_t device_mask;    // bit d set: tensors on c10::DeviceType d are cast (all bits: every device)
   CastCacheObject* cache;  // owned reference
   uint64_t id;             // key of this state's per-thread "casts off" depth
   PyObject* dict;          // instance __dict__ (Python subclasses add methods)
@@ -50,6 +51,11 @@ at::Tensor cached_cast(CastCacheObject* cache, PyObject* tensor_obj, const at::T
 
 // The plain conversion every uncached cast uses (the same _to_copy and autograd node as Tensor.half()).
 at::Tensor convert(const at::Tensor& tensor, at::ScalarType dtype);
+
+// Whether the state's casts apply to a tensor on this device (NOTE [device scope] in apexlite/amp/o1/device_scope.py).
+inline bool in_device_scope(const CastStateObject* state, const at::Tensor& tensor) {
+  return (state->device_mask >> static_cast<unsigned>(tensor.device().type())) & 1u;
+}
 
 // This thread's "casts off" depth for a state.
 int disabled_depth(const CastStateObject* state);

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Optional
+from typing import Any, FrozenSet, Iterable, Optional
 
 import torch
+
+from apexlite.amp.o1.device_scope import scope_check
 
 UNMATCHED_POP_MESSAGE = "CastState.pop_disabled() without a matching push_disabled() in this thread"
 
@@ -46,6 +48,22 @@ class CastSwitches:
         self.use_cache = use_cache
         self.log_casts = log_casts
         self.allow_banned = allow_banned
+        self.device_types = None
+
+    @property
+    def device_types(self) -> Optional[FrozenSet[str]]:
+        """The device types whose tensors are cast (None: every device; NOTE [device scope])."""
+        return self._device_types
+
+    @device_types.setter
+    def device_types(self, device_types: Optional[Iterable[str]]) -> None:
+        scope = None if device_types is None else frozenset(device_types)
+        self._store_device_types(scope)
+        self._device_types = scope
+        self.scope_check = scope_check(scope)  # what the Python wrappers call per tensor
+
+    def _store_device_types(self, device_types: Optional[FrozenSet[str]]) -> None:
+        """Where the native wrappers read the scope (nothing to do on the Python path)."""
 
     def disabled(self) -> "CastsOffBlock":
         """Casts off for the current thread inside the block (nesting-safe, exception-safe, thread-tied)."""

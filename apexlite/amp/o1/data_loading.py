@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from apexlite.amp.o1.function_wrappers import make_function_wrapper
 from apexlite.amp.o1.patcher import Patcher, raw_attribute
 
 _FETCHERS = ("_MapDatasetFetcher", "_IterableDatasetFetcher")
 
 
-def _without_casts(state: Any, fetch: Callable) -> Callable:
-    def fetch_without_casts(self: Any, possibly_batched_index: Any) -> Any:
+def _without_casts(state: Any) -> Callable:
+    def fetch_without_casts(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
         with state.disabled():
-            return fetch(self, possibly_batched_index)
+            return wrapped(*args, **kwargs)
 
-    fetch_without_casts.__wrapped__ = fetch  # type: ignore[attr-defined]
     return fetch_without_casts
 
 
@@ -34,4 +34,5 @@ def keep_casts_out_of_data_loading(patcher: Patcher, state: Any) -> None:
     for name in _FETCHERS:
         fetcher = getattr(fetch_module, name, None)
         if fetcher is not None and "fetch" in vars(fetcher):
-            patcher.set_attribute(fetcher, "fetch", _without_casts(state, raw_attribute(fetcher, "fetch")))
+            patched = make_function_wrapper(raw_attribute(fetcher, "fetch"), _without_casts(state), (fetcher, "fetch"))
+            patcher.set_attribute(fetcher, "fetch", patched)

@@ -62,6 +62,9 @@ def _native_state_class() -> type:
                      allow_banned: bool = False, use_cache: bool = True) -> None:
             self._set_options(low_dtype, cache, log_casts, allow_banned, use_cache)
 
+        def _store_device_types(self, device_types: Any) -> None:
+            compiled.CastState.device_types.__set__(self, device_types)
+
         @property
         def thread(self) -> "NativeCastState":
             """What Python wrappers read `disabled_depth` from (per thread, in C++ storage)."""

@@ -1,7 +1,7 @@
 """Cast policies and the dtype rules shared by every O1 wrapper.
 
 Rules (as torch.autocast, not as apex): only floating tensors are cast, never float64, integer or
-bool tensors; tensors on any device are cast (apex cast only CUDA tensors); a Tensor subclass is
+bool tensors; only tensors on the session's device types (NOTE [device scope] in device_scope.py); a Tensor subclass is
 converted as torch converts it (CONVERTERS below), never through a Python override of its `.half()`.
 
 NOTE [walking arguments] (the native path, csrc/torch/o1_cast_args.cpp, follows the same rules)
@@ -91,17 +91,20 @@ def rebuild(container: Any, items: List[Any]) -> Any:
     return kind(items)
 
 
-def collect_float_dtypes(value: Any, found: Set[torch.dtype]) -> None:
-    """Add the castable floating dtypes of every tensor inside `value` to `found`."""
+ScopeCheck = Optional[Callable[[torch.Tensor], bool]]  # CastState.scope_check: None when every device is cast
+
+
+def collect_float_dtypes(value: Any, found: Set[torch.dtype], in_scope: ScopeCheck = None) -> None:
+    """Add the castable floating dtypes of every tensor inside `value` that O1 casts (`in_scope`) to `found`."""
     if isinstance(value, torch.Tensor):
-        if value.dtype in CASTABLE_DTYPES:
+        if value.dtype in CASTABLE_DTYPES and (in_scope is None or in_scope(value)):
             found.add(value.dtype)
     elif isinstance(value, (list, tuple)):
         for item in tuple(value):
-            collect_float_dtypes(item, found)
+            collect_float_dtypes(item, found, in_scope)
     elif isinstance(value, dict):
         for item in tuple(dict.values(value)):
-            collect_float_dtypes(item, found)
+            collect_float_dtypes(item, found, in_scope)
 
 
 def widest(dtypes: Set[torch.dtype]) -> Optional[torch.dtype]:
@@ -112,10 +115,10 @@ def widest(dtypes: Set[torch.dtype]) -> Optional[torch.dtype]:
     return result
 
 
-def is_low_precision(value: Any) -> bool:
-    """True for an fp16/bf16 tensor, or a list/tuple containing one."""
+def is_low_precision(value: Any, in_scope: ScopeCheck = None) -> bool:
+    """True for an fp16/bf16 tensor O1 casts (`in_scope`), or a list/tuple containing one."""
     if isinstance(value, torch.Tensor):
-        return value.dtype in (torch.float16, torch.bfloat16)
+        return value.dtype in (torch.float16, torch.bfloat16) and (in_scope is None or in_scope(value))
     if isinstance(value, (list, tuple)):
-        return any(is_low_precision(item) for item in value)
+        return any(is_low_precision(item, in_scope) for item in value)
     return False

@@ -43,6 +43,9 @@ def _caster(state: CastState, dtype: torch.dtype, name: str, use_cache: bool) ->
         source_dtype = tensor.dtype
         if source_dtype is dtype or source_dtype not in castable:
             return tensor
+        in_scope = state.scope_check
+        if in_scope is not None and not in_scope(tensor):
+            return tensor
         if state.log_casts:
             log.debug("%s->%s (%s)", source_dtype, dtype, name)
         if use_cache and state.use_cache and (is_grad_enabled() or state.thread.in_forward):
@@ -110,11 +113,12 @@ def _promote_wrapper(state: CastState, original: Callable, name: str, sequence: 
                 or called_by_torch_internals()):
             return wrapped(*args, **kwargs)
         found: set = set()
+        scope = state.scope_check
         if instance is not None:
-            collect_float_dtypes(instance, found)
-        collect_float_dtypes(args[0] if sequence and args else args, found)
+            collect_float_dtypes(instance, found, scope)
+        collect_float_dtypes(args[0] if sequence and args else args, found, scope)
         if not sequence:
-            collect_float_dtypes(kwargs, found)
+            collect_float_dtypes(kwargs, found, scope)
         if len(found) <= 1:
             return wrapped(*args, **kwargs)
         cast = _caster(state, widest(found), name, use_cache=False)
@@ -127,7 +131,8 @@ def _promote_wrapper(state: CastState, original: Callable, name: str, sequence: 
 
 def _match_self_wrapper(state: CastState, original: Callable, name: str) -> Callable:
     def wrapper(wrapped, instance, args, kwargs):
-        if not state.enabled or instance is None or instance.dtype not in CASTABLE_DTYPES or tracing():
+        if (not state.enabled or instance is None or instance.dtype not in CASTABLE_DTYPES or tracing()
+                or (state.scope_check is not None and not state.scope_check(instance))):
             return wrapped(*args, **kwargs)
         cast = _caster(state, instance.dtype, name, use_cache=False)
         args = [map_tensors(arg, cast) for arg in args]
@@ -142,7 +147,7 @@ def _inplace_float_wrapper(state: CastState, original: Callable, name: str) -> C
         if tracing():
             return wrapped(*args, **kwargs)
         target = instance if instance is not None else (args[0] if args else None)
-        if isinstance(target, torch.Tensor) and is_low_precision(target):
+        if isinstance(target, torch.Tensor) and is_low_precision(target, state.scope_check):
             raise NotImplementedError(
                 f"Cannot call in-place {name} on a {target.dtype} tensor under amp O1: {name} is forced "
                 f"to fp32, which an in-place op cannot do. Use the out-of-place form, or call .float() first."
@@ -170,7 +175,8 @@ def _banned_wrapper(state: CastState, original: Callable, name: str) -> Callable
             return wrapped(*args, **kwargs)
         if state.allow_banned:
             return float_call(wrapped, instance, args, kwargs)
-        if any(is_low_precision(arg) for arg in args) or any(is_low_precision(v) for v in kwargs.values()):
+        scope = state.scope_check
+        if any(is_low_precision(arg, scope) for arg in args) or any(is_low_precision(v, scope) for v in kwargs.values()):
             raise NotImplementedError(message)
         return wrapped(*args, **kwargs)
 

@@ -44,6 +44,7 @@ from apexlite.amp.master_sync import MasterSync, several_processes
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.optimizer_step import register_first_post_hook
 from apexlite.amp.scaler import LossScaler
+from apexlite.amp.model_loads import Loaded
 
 log = get_logger("amp")
 
@@ -200,7 +201,7 @@ class FusedMasterGrads:
         """The masters take the model's weights where they changed since initialize (MasterSync's first use)."""
         self.sync_from_model()
 
-    def weights_loaded(self, loaded: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def weights_loaded(self, loaded: Loaded) -> None:
         self.sync_from_model.rearm(loaded)
 
     def before_step(self) -> None:

@@ -10,12 +10,13 @@ block raised with overflowed grads) after it, then `before_step`, the optimizer'
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Protocol, Sequence, Tuple, TypeVar, runtime_checkable
+from typing import Any, List, Protocol, Sequence, Tuple, TypeVar, runtime_checkable
 
 import torch
 
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.scaler import LossScaler
+from apexlite.amp.model_loads import Loaded
 
 T = TypeVar("T")
 
@@ -61,7 +62,7 @@ class GradStrategy(Protocol):
         """apex's lazy master init, which scripts call as `optimizer._lazy_init_maybe_master_weights()` (BERT's
         resume): the masters take the model's weights as they are now; nothing where there are no masters."""
 
-    def weights_loaded(self, loaded: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def weights_loaded(self, loaded: Loaded) -> None:
         """A model amp cast loaded weights (`load_state_dict`; `loaded`: the fp32 values it wrote, by id of param):
         their masters take them, and masters of other changed params follow at the next use."""
 

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from apexlite.amp.errors import AmpUsageError
+from apexlite.amp.model_loads import Loaded
 from apexlite.amp.opt_levels import LOW_PRECISION_DTYPES
 from apexlite.amp.session import current_session
 
@@ -60,10 +61,11 @@ class MasterSync:
         self.carried = carried  # the masters came from a checkpoint: only changed params rebuild theirs
         self._loaded: Set[int] = set()  # ids of params whose masters took loaded fp32 values since the last use
 
-    def rearm(self, loaded: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """The model's weights were loaded (`loaded`: the fp32 values, by id of param): those masters take them
-        now; at the next use, the masters of other params that changed are rebuilt from them."""
-        self._loaded.update(take_loaded_masters(self._pairs(), loaded))
+    def rearm(self, loaded: Loaded) -> None:
+        """The model's weights are being loaded (`loaded`: the values written so far, by id of param): those
+        masters take them now; at the next use, the masters of other params that changed are rebuilt from them."""
+        if loaded:
+            self._loaded.update(take_loaded_masters(self._pairs(), loaded))
         self.done = False
         self.carried = True
 
@@ -81,12 +83,14 @@ class MasterSync:
     def __call__(self) -> None:
         if self.done:
             return
+        session = current_session(required=False)
+        if session is not None and session.model_loads.values:  # a load cut short: its values, first
+            hand_over_loads(session)
         self.done = True
         self._loaded.clear()
         pairs = self._pairs()
         every = not self.carried and several_processes()
         rebuilt = rebuild_changed_masters(pairs, every=every)
-        session = current_session(required=False)
         if session is None:
             return
         if every:
@@ -98,11 +102,10 @@ class MasterSync:
                          rebuilt, len(pairs))
 
 
-def take_loaded_masters(pairs: List[Tuple[torch.Tensor, torch.Tensor]],
-                        loaded: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> List[int]:
-    """Each master whose param a `load_state_dict` just wrote from an fp32 value takes that value exactly (the
-    param holds it rounded), so a run fine-tuned from fp32 weights loaded after initialize starts from them
-    unrounded; returns the ids of the params whose masters were set."""
+def take_loaded_masters(pairs: List[Tuple[torch.Tensor, torch.Tensor]], loaded: Loaded) -> List[int]:
+    """Each master whose param a `load_state_dict` just wrote takes the loaded value (the param holds it rounded),
+    so a run fine-tuned from fp32 weights loaded after initialize starts from them unrounded; returns the ids of
+    the params whose masters were set."""
     taken = []
     with torch.no_grad():
         for param, master in pairs:
@@ -116,17 +119,22 @@ def take_loaded_masters(pairs: List[Tuple[torch.Tensor, torch.Tensor]],
     return taken
 
 
+def hand_over_loads(session: Any) -> None:
+    """Every optimizer of the session takes the values the model loads wrote (model_loads.py)."""
+    loaded = session.model_loads.take()
+    for amp_optimizer in list(session.optimizers.values()):
+        amp_optimizer.grads.weights_loaded(loaded)
+
+
 class MastersFollowLoads:
-    """The ``load_state_dict`` hooks on each module of an O2 model: the pre-hook (`read`) notes the fp32 values
-    loaded into low-precision params, the post-hook of the module the load was called on hands them to the
-    session (masters take them; other changed params' masters follow at the next use). It holds its session
-    weakly, and a copied or unpickled model (``copy.deepcopy``, ``torch.save(model)``, an EMA copy) gets an
-    inert one: the copy's params are no optimizer's, and the session itself cannot be copied."""
+    """The ``load_state_dict`` hooks on each module of an O2 model: the pre-hook (`read`) notes the values loaded
+    into low-precision params and re-arms every optimizer's master check (a load that raises half-way still
+    counts); the post-hook of the module the load was called on hands the values to the masters (model_loads.py).
+    It holds its session weakly, and a copied or unpickled model (``copy.deepcopy``, ``torch.save(model)``, an
+    EMA copy) gets an inert one: the copy's params are no optimizer's, and the session itself cannot be copied."""
 
     def __init__(self, session: Optional[Any]) -> None:
         self._session = weakref.ref(session) if session is not None else None
-        self._root: Optional[int] = None  # id of the module whose load_state_dict runs
-        self._loaded: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}  # id(param) -> (param, fp32 value)
 
     def _live_session(self) -> Optional[Any]:
         session = self._session() if self._session is not None else None
@@ -134,7 +142,8 @@ class MastersFollowLoads:
 
     def read(self, module: torch.nn.Module, state_dict: Dict[str, Any], prefix: str, local_metadata: Dict[str, Any],
              *_: Any) -> None:
-        if self._live_session() is None:
+        session = self._live_session()
+        if session is None:
             return
         if local_metadata.get("assign_to_params_buffers") and module._parameters:
             raise AmpUsageError(
@@ -142,20 +151,22 @@ class MastersFollowLoads:
                 "checkpoint's tensors in place of the low-precision params amp made and the optimizer's masters "
                 "follow; load without assign=True (values are copied in and cast) or load before amp.initialize.")
         if not prefix:  # the module load_state_dict was called on (its children's prefixes name them)
-            self._root, self._loaded = id(module), {}
+            session.model_loads.begin(module)
+        noted = False
         for name, param in module._parameters.items():
             value = state_dict.get(prefix + name)
             if (param is not None and param.dtype in LOW_PRECISION_DTYPES and isinstance(value, torch.Tensor)
-                    and value.dtype == torch.float32 and value.shape == param.shape):
-                self._loaded[id(param)] = (param, value)
+                    and value.is_floating_point() and value.shape == param.shape):
+                session.model_loads.note(param, value)
+                noted = True
+        if noted:
+            for amp_optimizer in list(session.optimizers.values()):
+                amp_optimizer.grads.weights_loaded({})
 
     def __call__(self, module: torch.nn.Module, incompatible: Any) -> None:
         session = self._live_session()
-        if session is None or id(module) != self._root:
-            return
-        loaded, self._root, self._loaded = self._loaded, None, {}
-        for amp_optimizer in list(session.optimizers.values()):
-            amp_optimizer.grads.weights_loaded(loaded)
+        if session is not None and session.model_loads.end(module):
+            hand_over_loads(session)
 
     def __reduce__(self) -> tuple:
         return (MastersFollowLoads, (None,))

@@ -12,6 +12,7 @@ from apexlite.amp.master_sync import several_processes
 from apexlite.amp.checkpoint_convert import copy_masters_into_params, take_masters_for_params, without_marker
 from apexlite.amp.o1.patcher import Patcher
 from apexlite.amp.scaler import LossScaler
+from apexlite.amp.model_loads import Loaded
 
 
 log = get_logger("amp")
@@ -123,7 +124,7 @@ class PlainGrads:
     def lazy_init(self) -> None:
         """No masters here: nothing to build."""
 
-    def weights_loaded(self, loaded: Dict[int, Tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def weights_loaded(self, loaded: Loaded) -> None:
         """No masters here: the optimizer steps the loaded params themselves."""
 
     def before_step(self) -> None:

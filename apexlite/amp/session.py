@@ -35,8 +35,8 @@ from typing import Any, Callable, Iterable, List, Optional
 import torch
 
 from apexlite._logging import get_logger, is_rank_zero
+from apexlite.amp.model_loads import ModelLoads
 from apexlite.amp.o1.cache import tracing
-from apexlite.amp.o1.device_scope import follow_model
 from apexlite.amp.o1.native_casts import make_cache_and_state
 from apexlite.amp.errors import AmpStateError
 from apexlite.amp.opt_levels import Properties
@@ -130,7 +130,6 @@ class ForwardScopeStart:
     def __call__(self, module: Any, args: Any) -> None:
         session = _Process.session
         if session is not None and not tracing():  # compiled graphs hold their own casts, not the cache's
-            follow_model(session.cast_state, module)
             session.enter_forward(_module_call_frame(sys._getframe(1)))
 
 
@@ -161,6 +160,7 @@ class AmpSession:
         self.models: WeakOrderedSet[torch.nn.Module] = WeakOrderedSet()
         self.scoped_models: WeakOrderedSet[torch.nn.Module] = WeakOrderedSet()  # their outermost forward ends a cast scope
         self.forward_scope = _ForwardScope()
+        self.model_loads = ModelLoads()  # weights O2 models' load_state_dict wrote, until the masters take them
         self.from_initialize = False  # something was registered by amp.initialize (not only amp.init)
         self.handle: Any = None  # the O1 handle (`amp._amp_state.handle`), see apexlite/amp/handle.py
         self.stats = RunStats(keep_samples=telemetry_requested())
@@ -290,6 +290,7 @@ class AmpSession:
             self.cache.clear()
             self.cache.disown_all()
             self.forward_scope = _ForwardScope()
+            self.model_loads.take()
             self.optimizers.clear()
             self.models.clear()
             self.scoped_models.clear()

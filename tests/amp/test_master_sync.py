@@ -230,3 +230,68 @@ def test_a_copy_of_the_model_computes_alike_and_its_loads_leave_the_masters_alon
     _backward_and_step(model, optimizer, low)
     assert all(torch.equal(m, b) for m, b in zip(amp.master_params(optimizer), masters_before))
     assert not torch.equal(twin(x), model(x))
+
+
+class LoadsItsBody(torch.nn.Module):
+    """Loads a child through the child's own load_state_dict, as some libraries' wrappers do (a load inside a
+    load)."""
+
+    def __init__(self):
+        super().__init__()
+        self.head, self.body = torch.nn.Linear(5, 7), torch.nn.Linear(7, 2)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        body = {key[len(prefix) + 5:]: value for key, value in state_dict.items() if key.startswith(prefix + "body.")}
+        if body:
+            self.body.load_state_dict(body)
+
+    def forward(self, x):
+        return self.body(torch.tanh(self.head(x)))
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_a_load_inside_a_load_gives_every_master_its_loaded_value_and_keeps_nothing(name):
+    from apexlite.amp.session import current_session
+
+    model = LoadsItsBody()
+    model, optimizer = amp.initialize(model, OPTIMIZERS[name](model.parameters()), opt_level="O2",
+                                      dtype=torch.bfloat16, loss_scale=1.0, verbosity=0)
+    loaded = _loaded_weights(model)
+    model.load_state_dict(loaded)
+    assert not current_session().model_loads.values  # no checkpoint tensor held after the load
+    _backward_and_step(model, optimizer, torch.bfloat16)
+    assert all(torch.equal(m, loaded[key]) for m, key in zip(amp.master_params(optimizer), loaded))
+
+
+def test_fp64_values_are_loaded_into_the_masters_as_fp32():
+    model, optimizer, _ = _set_up(OPTIMIZERS["SGD, separate masters"], torch.bfloat16)
+    loaded = {key: value.double() for key, value in _loaded_weights(model).items()}
+    model.load_state_dict(loaded)
+    _backward_and_step(model, optimizer, torch.bfloat16)
+    for master, param, value in zip(amp.master_params(optimizer), model.parameters(), loaded.values()):
+        assert torch.equal(param, value.to(torch.bfloat16))
+        assert torch.equal(master, value.float()) or torch.equal(master, param.float())  # a double rounding apart
+
+
+class RefusesToLoad(torch.nn.Linear):
+    def _load_from_state_dict(self, *args, **kwargs):
+        raise ValueError("this layer cannot load")
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_weights_a_load_wrote_before_it_raised_are_trained_not_reverted(name):
+    """After the masters are in use, a load that raises half-way (a custom layer refusing) has written the
+    layers before it: the next step trains those, as a completed load's are."""
+    low = torch.bfloat16
+    model, optimizer, _ = _set_up(OPTIMIZERS[name], low)
+    _backward_and_step(model, optimizer, low)
+    loaded = _loaded_weights(model)
+    model[2].__class__ = RefusesToLoad
+    with pytest.raises(ValueError, match="cannot load"):
+        model.load_state_dict(loaded)
+    model[2].__class__ = torch.nn.Linear
+    _backward_and_step(model, optimizer, low)  # lr 0: the masters' origin alone shows
+    masters = list(amp.master_params(optimizer))
+    assert torch.equal(masters[0], loaded["0.weight"]) and torch.equal(masters[1], loaded["0.bias"])
+    assert torch.equal(model[0].weight, loaded["0.weight"].to(low))

@@ -21,7 +21,7 @@ from apexlite.amp.master_copies import stale_masters_note
 from apexlite.master_rounding import holds_master
 from apexlite.amp.master_sync import MastersFollowLoads
 from apexlite.amp.model_cast import cast_model, install_forward_scope, install_io_casts
-from apexlite.amp.o1.device_scope import scope_of
+from apexlite.amp.o1.device_scope import rescope
 from apexlite.amp.o1.patches import set_o1_patches
 from apexlite.amp.environment import (apply_environment, fit_overrides_to_level, loss_scale_from_environment,
                                       settle_model_dtype)
@@ -94,7 +94,8 @@ def initialize(models: Any, optimizers: Any = None, enabled: bool = True, opt_le
         transaction.taken_registrations = registrations
         set_o1_patches(session, bool(properties.patch_torch_functions), registrations)
         _install_forward_scopes(session)
-        session.cast_state.device_types = scope_of(session.models)  # NOTE [device scope]
+        if properties.patch_torch_functions:
+            rescope(session)  # NOTE [device scope]
         session.handle = _o1_handle(session) if properties.patch_torch_functions else None
     except BaseException:
         transaction.rollback()

@@ -19,7 +19,7 @@ from apexlite.amp.amp_optimizer import AmpOptimizer
 from apexlite.amp.plain_grads import PlainGrads
 from apexlite.amp.environment import DTYPE_ENV, parse_dtype
 from apexlite.amp.errors import AmpUsageError
-from apexlite.amp.o1.device_scope import scope_of
+from apexlite.amp.o1.device_scope import rescope
 from apexlite.amp.o1.patches import set_o1_patches
 from apexlite.amp.opt_levels import resolve_properties
 from apexlite.amp.o1.registry import PendingRegistrations
@@ -211,7 +211,7 @@ def init(enabled: bool = True, loss_scale: Any = "dynamic", enable_caching: bool
             session.configure(SessionOptions(properties, dtype, verbosity=2 if verbose else 0))
         state = session.cast_state
         state.use_cache, state.allow_banned, state.log_casts = bool(enable_caching), bool(allow_banned), bool(verbose)
-        state.device_types = scope_of(session.models)  # NOTE [device scope]: CUDA, as apex, where there is CUDA
+        rescope(session)  # NOTE [device scope]: CUDA, as apex, where there is CUDA
         transaction.taken_registrations = PendingRegistrations.take()
         set_o1_patches(session, True, transaction.taken_registrations)
         session.handle = AmpHandle(session, properties.loss_scale)

@@ -22,6 +22,8 @@ def snapshot_patch_targets() -> Dict[str, Any]:
     pairs += [("torch.jit", name) for name in ("script", "trace", "trace_module")]  # apexlite/amp/o1/torchscript.py
     pairs += [(f"torch.utils.data._utils.fetch.{fetcher}", "fetch")  # apexlite/amp/o1/data_loading.py
               for fetcher in ("_MapDatasetFetcher", "_IterableDatasetFetcher")]
+    pairs.append(("torch.utils.data._utils.fetch._IterableDatasetFetcher", "__init__"))
+    pairs.append(("torch.nn.Module", "_apply"))  # apexlite/amp/o1/device_scope.py follows model moves
     snapshot = {}
     for namespace, name in pairs:
         snapshot[f"{namespace}.{name}"] = _own_attribute(resolve(namespace), name)

@@ -19,7 +19,7 @@ from typing import Any, FrozenSet, Iterable, Optional
 
 import torch
 
-from apexlite.amp.o1.device_scope import scope_check
+from apexlite.amp.o1.device_scope import normalized, scope_check
 
 UNMATCHED_POP_MESSAGE = "CastState.pop_disabled() without a matching push_disabled() in this thread"
 
@@ -57,7 +57,7 @@ class CastSwitches:
 
     @device_types.setter
     def device_types(self, device_types: Optional[Iterable[str]]) -> None:
-        scope = None if device_types is None else frozenset(device_types)
+        scope = None if device_types is None else normalized(device_types)
         self._store_device_types(scope)
         self._device_types = scope
         self.scope_check = scope_check(scope)  # what the Python wrappers call per tensor

@@ -12,6 +12,7 @@ import torch
 
 from apexlite._logging import get_logger
 from apexlite.amp.o1.data_loading import keep_casts_out_of_data_loading
+from apexlite.amp.o1.device_scope import follow_model_moves
 from apexlite.amp.o1.compiled_graphs import forget_compiled_graphs, keep_graphs_in_step
 from apexlite.amp.o1.lists import OpEntry, op_entries
 from apexlite.amp.o1.patcher import raw_attribute, resolve
@@ -82,6 +83,7 @@ def patch_torch_functions(session: Any, registrations: List[Tuple[Any, str, Cast
     patch_torch_jit(session.o1_patcher, session.cast_state)
     turn_off_transformer_fast_path(session.o1_patcher)
     keep_casts_out_of_data_loading(session.o1_patcher, session.cast_state)
+    follow_model_moves(session.o1_patcher, session)
     return count
 
 

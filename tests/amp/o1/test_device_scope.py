@@ -101,18 +101,69 @@ def test_tensors_on_another_device_than_a_cpu_model_are_not_cast():
         amp.deinitialize()
 
 
-def test_a_model_moved_after_initialize_is_followed_from_its_next_forward():
-    """apex wanted the model on its device first; a script that moves it after initialize still gets O1's
-    casts on the new device from the next forward on, the forward's own ops included."""
+def test_a_model_moved_after_initialize_takes_the_casts_along():
+    """apex wanted the model on its device first; a script that moves it after initialize gets O1's casts on
+    the new device from the move on, and the old device's work runs as written."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     amp.initialize(model, opt_level="O1", dtype=LOW, verbosity=0)
     try:
         model.to("meta")
+        assert amp_device_types() == {"meta"}
         x = torch.randn(3, 4, device="meta")
-        assert torch.mm(x, x.t()).dtype == torch.float32  # not yet: the scope is the CPU's
-        out = model(x)
-        assert amp_device_types() == {"cpu", "meta"}
-        assert out.dtype == LOW and torch.mm(x, x.t()).dtype == LOW
+        assert model(x).dtype == LOW and torch.mm(x, x.t()).dtype == LOW
+        assert torch.mm(torch.randn(2, 2), torch.randn(2, 2)).dtype == torch.float32
+    finally:
+        amp.deinitialize()
+
+
+def test_a_compiled_model_moved_after_initialize_is_cast_on_its_new_device():
+    """Compiled graphs hold O1's casts as traced, under the scope of that moment: a move drops them."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    amp.initialize(model, opt_level="O1", dtype=LOW, verbosity=0)
+    try:
+        compiled = torch.compile(model, backend="aot_eager")
+        assert compiled(torch.randn(2, 8)).dtype == LOW
+        model.to("meta")
+        assert compiled(torch.randn(2, 8, device="meta")).dtype == LOW
+    finally:
+        amp.deinitialize()
+
+
+class Buffered(torch.nn.Module):
+    """No params, a buffer: the device it works on is the buffer's."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("projection", torch.randn(4, 4))
+
+    def forward(self, x):
+        return x @ self.projection
+
+
+def test_a_model_with_buffers_only_is_followed_too():
+    model = Buffered()
+    amp.initialize(model, opt_level="O1", dtype=LOW, verbosity=0)
+    try:
+        assert amp_device_types() == {"cpu"}
+        model.to("meta")
+        assert amp_device_types() == {"meta"}
+        assert model(torch.randn(2, 4, device="meta")).dtype == LOW
+    finally:
+        amp.deinitialize()
+
+
+@pytest.mark.parametrize("names, expected", [({"cpu:0"}, {"cpu"}), ({"cuda", "cpu"}, {"cuda", "cpu"})])
+def test_device_type_names_are_read_as_torch_reads_them(names, expected):
+    amp.initialize(torch.nn.Linear(2, 2), opt_level="O1", dtype=LOW, verbosity=0)
+    try:
+        from apexlite.amp.session import current_session
+
+        current_session().cast_state.device_types = names
+        assert amp_device_types() == expected
+        assert torch.mm(torch.randn(2, 2), torch.randn(2, 2)).dtype == LOW
+        with pytest.raises(ValueError, match="unknown device type"):
+            current_session().cast_state.device_types = {"gpu"}
+        assert amp_device_types() == expected  # a refused name changes nothing
     finally:
         amp.deinitialize()
 

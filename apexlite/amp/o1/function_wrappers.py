@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Tuple
 import wrapt
 
 LOCATION = "_self_apexlite_location"  # on a patch: (module or class, attribute name) it is installed at
+_NAMED_WHERE_INSTALLED = frozenset({"__module__", "__name__"})
 
 
 class _ModuleReference:
@@ -96,7 +97,23 @@ class _PicklesByReference:
 
 
 class O1FunctionWrapper(_PicklesByReference, wrapt.FunctionWrapper):
-    """A patched module function: pickles as getattr(module, name), copies as itself."""
+    """A patched module function: pickles as getattr(module, name), copies as itself, and is named where it is
+    installed (`__module__`, `__name__`): code that calls a function by its qualified name reaches the patch
+    (torch.fx writes `torch.nn.functional.linear` into the code of a compiled graph, where the original builtin
+    would have named `torch._C._nn.linear`, which O1 leaves as it is)."""
+
+    def __getattribute__(self, name: str) -> Any:
+        # wrapt's proxy reads these from the wrapped function (its pure-Python version also copies its own
+        # properties over a subclass's), so they are answered here
+        if name in _NAMED_WHERE_INSTALLED:
+            installed = O1FunctionWrapper._installed_at(self)
+            if installed is not None:
+                return installed[0].__name__ if name == "__module__" else installed[1]
+        return super().__getattribute__(name)
+
+    def _installed_at(self) -> Optional[Tuple[Any, str]]:
+        location = getattr(self, LOCATION, None)
+        return location if location is not None and isinstance(location[0], types.ModuleType) else None
 
     def __reduce_ex__(self, protocol: int) -> tuple:
         owner, name = _location(self)

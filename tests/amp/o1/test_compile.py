@@ -224,3 +224,52 @@ def test_attention_backward_under_aot_eager_equals_eager(heads, cast_path):
     compiled = grads(compiled=True)
     for a, b in zip(eager, compiled):
         torch.testing.assert_close(a, b, rtol=0.02, atol=0.02)
+
+
+class UsesRenamedBuiltins(torch.nn.Module):
+    """Ops whose torch builtin is defined under another name than where O1 patches it (F.linear is
+    torch._C._nn.linear, F.conv2d is torch.conv2d, torch.einsum lives in torch.functional, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 4, 3)
+        self.proj = torch.nn.Linear(64, 8)
+
+    def forward(self, x):
+        hidden = torch.nn.functional.gelu(self.conv(x)).flatten(1)
+        out = self.proj(hidden)
+        return torch.einsum("bi,bj->bij", out, out)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_code_calls_the_patched_ops_whatever_the_backend(backend):
+    """The "eager" backend runs the Python code torch.fx writes for the captured graph, which names each op by
+    its qualified name: the O1 patch must be what that name reaches, or the compiled model ran in fp32."""
+    torch.manual_seed(0)
+    model = UsesRenamedBuiltins()
+    amp.initialize(model, opt_level="O1", dtype=torch.bfloat16, verbosity=0)
+    try:
+        x = torch.randn(2, 2, 6, 6)
+        eager = model(x)
+        compiled = torch.compile(model, backend=backend)(x)
+    finally:
+        amp.deinitialize()
+    assert compiled.dtype == eager.dtype == torch.bfloat16
+    assert torch.equal(compiled, eager)
+
+
+def test_every_patched_function_is_reached_by_its_qualified_name():
+    from torch.fx.node import _get_qualified_name
+
+    from apexlite.amp.session import current_session
+
+    amp.initialize(torch.nn.Linear(2, 2), opt_level="O1", verbosity=0)
+    try:
+        for target, name in current_session().o1_patcher.patched_attributes():
+            if isinstance(target, type):
+                continue
+            patch = getattr(target, name)
+            module, _, attribute = _get_qualified_name(patch).rpartition(".")
+            assert getattr(eval(module, {"torch": torch}), attribute) is patch, (target, name)
+    finally:
+        amp.deinitialize()

@@ -161,6 +161,7 @@ class AmpSession:
         self.scoped_models: WeakOrderedSet[torch.nn.Module] = WeakOrderedSet()  # their outermost forward ends a cast scope
         self.forward_scope = _ForwardScope()
         self.model_loads = ModelLoads()  # weights O2 models' load_state_dict wrote, until the masters take them
+        self.model_moves: Any = None  # O1: torch's Module._apply while it is patched (device_scope.py)
         self.from_initialize = False  # something was registered by amp.initialize (not only amp.init)
         self.handle: Any = None  # the O1 handle (`amp._amp_state.handle`), see apexlite/amp/handle.py
         self.stats = RunStats(keep_samples=telemetry_requested())

@@ -14,6 +14,7 @@ in apex, else every device. Both cast paths read
 from __future__ import annotations
 
 import operator
+import threading
 from typing import Any, Callable, FrozenSet, Iterable, Optional
 
 import torch
@@ -44,22 +45,49 @@ def rescope(session: Any) -> None:
         forget_compiled_graphs()
 
 
+class ModelMoves:
+    """What the patched `Module._apply` keeps per session: torch's own `_apply`, and each thread's nesting depth
+    (a move recurses through every submodule; the scope is re-read once, when the outermost call returns)."""
+
+    def __init__(self, original: Callable) -> None:
+        self.original = original
+        self.local = threading.local()
+
+
+@torch._disable_dynamo  # a move inside compiled code runs eagerly (it changes the session, not the graph)
+def apply_then_rescope(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """`torch.nn.Module._apply` while O1 is installed: a move of any module (`to`, `cuda`, `cpu`, `to_empty`, a
+    layer of a model moved alone) re-reads the scope when it returns. A plain function (torch.compile guards
+    class attributes that are functions) that pickles by name."""
+    from apexlite.amp.session import current_session
+
+    session = current_session(required=False)
+    moves = getattr(session, "model_moves", None)
+    if moves is None:  # the session ended while this call looked it up: torch's own, as restored
+        return _TORCH_APPLY(module, *args, **kwargs)
+    depth = getattr(moves.local, "depth", 0)
+    moves.local.depth = depth + 1
+    try:
+        return moves.original(module, *args, **kwargs)
+    finally:
+        moves.local.depth = depth
+        if depth == 0 and not session.closed:
+            rescope(session)
+
+
+# named where it is installed, as O1's other patches are: a pickle of it names torch alone (function_wrappers.py)
+apply_then_rescope.__module__ = torch.nn.Module.__module__
+apply_then_rescope.__qualname__ = "Module._apply"
+
+
 def follow_model_moves(patcher: Any, session: Any) -> None:
-    """While O1 is installed, moving a registered model (`to`, `cuda`, `cpu`, `to_empty`: all go through
-    `Module._apply`) re-reads the scope, so casts follow the model to its new device from the next op on,
-    compiled or not; moves run eagerly, never inside a compiled forward."""
-    from apexlite.amp.o1.function_wrappers import make_function_wrapper
+    """While O1 is installed, moving a module re-reads the scope, so casts follow the models to their devices from
+    the next op on, compiled or not; moves run eagerly, never inside a compiled forward."""
     from apexlite.amp.o1.patcher import raw_attribute
 
-    def apply_then_rescope(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
-        result = wrapped(*args, **kwargs)
-        if instance in session.models:
-            rescope(session)
-        return result
-
-    original = raw_attribute(torch.nn.Module, "_apply")
-    patched = make_function_wrapper(original, apply_then_rescope, (torch.nn.Module, "_apply"))
-    patcher.set_attribute(torch.nn.Module, "_apply", patched)
+    session.model_moves = ModelMoves(raw_attribute(torch.nn.Module, "_apply"))
+    patcher.set_attribute(torch.nn.Module, "_apply", apply_then_rescope)
+    patcher.add_undo(lambda: setattr(session, "model_moves", None), "the session's record of model moves")
 
 
 def normalized(device_types: Iterable[str]) -> FrozenSet[str]:
@@ -83,3 +111,6 @@ def scope_check(device_types: Optional[FrozenSet[str]]) -> Optional[Callable[[to
     if device_types == {"cuda"}:
         return operator.attrgetter("is_cuda")
     return lambda tensor: tensor.device.type in device_types
+
+
+_TORCH_APPLY = torch.nn.Module._apply  # torch's, as imported: for a call racing the end of its session

@@ -186,3 +186,32 @@ def amp_device_types():
 
     scope = current_session().cast_state.device_types
     return None if scope is None else set(scope)
+
+
+def test_a_layer_moved_alone_takes_the_casts_along():
+    """`model.encoder.cuda()` moves part of a registered model: its scope follows the part too."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    amp.initialize(model, opt_level="O1", dtype=LOW, verbosity=0)
+    try:
+        for layer in model:
+            layer.to("meta")
+        assert amp_device_types() == {"meta"}
+        assert model(torch.randn(2, 4, device="meta")).dtype == LOW
+    finally:
+        amp.deinitialize()
+
+
+def test_compiled_code_that_moves_a_module_runs_under_o1():
+    """The patched Module._apply is a plain function run eagerly: torch.compile traces around it."""
+    model = torch.nn.Linear(4, 4)
+    amp.initialize(model, opt_level="O1", dtype=LOW, verbosity=0)
+    try:
+        @torch.compile(backend="eager")
+        def step(x):
+            y = model(x)
+            model.to(torch.float32)
+            return y * 2
+
+        assert step(torch.randn(2, 4)).dtype == LOW
+    finally:
+        amp.deinitialize()

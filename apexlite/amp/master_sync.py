@@ -150,8 +150,9 @@ class MastersFollowLoads:
                 f"{type(module).__name__}.load_state_dict(..., assign=True) after an O2 amp.initialize would put the "
                 "checkpoint's tensors in place of the low-precision params amp made and the optimizer's masters "
                 "follow; load without assign=True (values are copied in and cast) or load before amp.initialize.")
-        if not prefix:  # the module load_state_dict was called on (its children's prefixes name them)
-            session.model_loads.begin(module)
+        loads = session.model_loads
+        if (not prefix or module in session.models) and loads.begin(module):  # a load's root (model_loads.py)
+            hand_over_loads(session)  # what an earlier load cut short by an exception wrote
         noted = False
         for name, param in module._parameters.items():
             value = state_dict.get(prefix + name)

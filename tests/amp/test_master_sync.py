@@ -295,3 +295,63 @@ def test_weights_a_load_wrote_before_it_raised_are_trained_not_reverted(name):
     masters = list(amp.master_params(optimizer))
     assert torch.equal(masters[0], loaded["0.weight"]) and torch.equal(masters[1], loaded["0.bias"])
     assert torch.equal(model[0].weight, loaded["0.weight"].to(low))
+
+
+def _held_values():
+    from apexlite.amp.session import current_session
+
+    return current_session().model_loads.values
+
+
+def test_a_load_after_one_cut_short_hands_its_values_over_when_it_ends():
+    """The cut-short load leaves no open root behind: the next complete load sets its masters at once (read
+    before any step through amp.master_params, apex's place to read and write them) and holds nothing."""
+    model, optimizer, _ = _set_up(OPTIMIZERS["SGD, separate masters"], torch.bfloat16)
+    model[2].__class__ = RefusesToLoad
+    with pytest.raises(ValueError):
+        model.load_state_dict(_loaded_weights(model, seed=2))
+    model[2].__class__ = torch.nn.Linear
+    loaded = _loaded_weights(model, seed=3)
+    model.load_state_dict(loaded)
+    assert not _held_values()
+    assert all(torch.equal(m, v) for m, v in zip(amp.master_params(optimizer), loaded.values()))
+
+
+class Holder(torch.nn.Module):
+    """A DDP-style container of the registered model (`module.` keys), as torch.compile's OptimizedModule is."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+
+def test_a_load_through_a_container_of_the_model_sets_the_masters_at_its_end():
+    model, optimizer, _ = _set_up(OPTIMIZERS["FusedAdam, fused masters"], torch.bfloat16)
+    loaded = _loaded_weights(model)
+    Holder(model).load_state_dict({"module." + key: value for key, value in loaded.items()})
+    assert not _held_values()
+    assert all(torch.equal(m, v) for m, v in zip(amp.master_params(optimizer), loaded.values()))
+
+
+def test_two_threads_loading_two_models_each_set_their_own_masters():
+    import threading
+
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(30)]) for _ in range(2)]
+    optimizers = [torch.optim.SGD(model.parameters(), lr=0.0) for model in models]
+    models, optimizers = amp.initialize(models, optimizers, opt_level="O2", dtype=torch.bfloat16, verbosity=0)
+    for trial in range(10):  # loads that overlap (the two threads once shared one record of loads in progress)
+        loads = [_loaded_weights(model, seed=2 * trial + index) for index, model in enumerate(models)]
+        barrier = threading.Barrier(2)
+
+        def load(index):
+            barrier.wait()
+            models[index].load_state_dict(loads[index])
+
+        threads = [threading.Thread(target=load, args=(index,)) for index in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for optimizer, loaded in zip(optimizers, loads):
+            assert all(torch.equal(m, v) for m, v in zip(amp.master_params(optimizer), loaded.values())), trial

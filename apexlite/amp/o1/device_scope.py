@@ -19,11 +19,20 @@ from typing import Any, Callable, FrozenSet, Iterable, Optional
 
 import torch
 
+from apexlite.amp.o1.cache import compile_flag
+
 
 def device_types_of(models: Iterable[torch.nn.Module]) -> FrozenSet[str]:
-    """The device types of every param and buffer of `models`."""
-    return frozenset(tensor.device.type for model in models
-                     for tensors in (model.parameters(), model.buffers()) for tensor in tensors)
+    """The device types of every param and buffer of `models` (one walk over their modules: this runs after
+    every move while O1 is installed)."""
+    found = set()
+    for model in models:
+        for module in model.modules():
+            for tensors in (module._parameters, module._buffers):
+                for tensor in tensors.values():
+                    if tensor is not None:
+                        found.add(tensor.device.type)
+    return frozenset(found)
 
 
 def scope_of(models: Iterable[torch.nn.Module]) -> Optional[FrozenSet[str]]:
@@ -54,11 +63,16 @@ class ModelMoves:
         self.local = threading.local()
 
 
-@torch._disable_dynamo  # a move inside compiled code runs eagerly (it changes the session, not the graph)
 def apply_then_rescope(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """`torch.nn.Module._apply` while O1 is installed: a move of any module (`to`, `cuda`, `cpu`, `to_empty`, a
     layer of a model moved alone) re-reads the scope when it returns. A plain function (torch.compile guards
     class attributes that are functions) that pickles by name."""
+    if _compiling():  # a move inside compiled code runs eagerly (it changes the session, not the graph)
+        return _apply_eagerly(module, *args, **kwargs)
+    return _apply_and_rescope(module, *args, **kwargs)
+
+
+def _apply_and_rescope(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     from apexlite.amp.session import current_session
 
     session = current_session(required=False)
@@ -74,6 +88,9 @@ def apply_then_rescope(module: torch.nn.Module, *args: Any, **kwargs: Any) -> An
         if depth == 0 and not session.closed:
             rescope(session)
 
+
+_apply_eagerly = torch._disable_dynamo(_apply_and_rescope)
+_compiling = compile_flag()
 
 # named where it is installed, as O1's other patches are: a pickle of it names torch alone (function_wrappers.py)
 apply_then_rescope.__module__ = torch.nn.Module.__module__

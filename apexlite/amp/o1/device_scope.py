@@ -15,19 +15,21 @@ from __future__ import annotations
 
 import operator
 import threading
-from typing import Any, Callable, FrozenSet, Iterable, Optional
+from typing import Any, Callable, FrozenSet, Iterable, Optional, Set
 
 import torch
 
 from apexlite.amp.o1.cache import compile_flag
 
 
-def device_types_of(models: Iterable[torch.nn.Module]) -> FrozenSet[str]:
-    """The device types of every param and buffer of `models` (one walk over their modules: this runs after
-    every move while O1 is installed)."""
+def device_types_of(models: Iterable[torch.nn.Module], modules: Optional[Set[int]] = None) -> FrozenSet[str]:
+    """The device types of every param and buffer of `models`, in one walk over their modules (whose ids are
+    added to `modules` when given)."""
     found = set()
     for model in models:
         for module in model.modules():
+            if modules is not None:
+                modules.add(id(module))
             for tensors in (module._parameters, module._buffers):
                 for tensor in tensors.values():
                     if tensor is not None:
@@ -35,20 +37,24 @@ def device_types_of(models: Iterable[torch.nn.Module]) -> FrozenSet[str]:
     return frozenset(found)
 
 
-def scope_of(models: Iterable[torch.nn.Module]) -> Optional[FrozenSet[str]]:
+def scope_of(models: Iterable[torch.nn.Module], modules: Optional[Set[int]] = None) -> Optional[FrozenSet[str]]:
     """The device types O1 casts on for a session with these models (None: every device)."""
-    found = device_types_of(models)
+    found = device_types_of(models, modules)
     if found:
         return found
     return frozenset({"cuda"}) if torch.cuda.is_available() else None
 
 
 def rescope(session: Any) -> None:
-    """Re-read the scope from the session's models; compiled graphs traced under the old one are dropped (they
-    hold O1's casts as they were when traced, and guard nothing of them)."""
+    """Re-read the scope from the session's models (and which modules are theirs, whose moves re-read it);
+    compiled graphs traced under the old scope are dropped (they hold O1's casts as they were when traced, and
+    guard nothing of them)."""
     from apexlite.amp.o1.compiled_graphs import forget_compiled_graphs
 
-    scope = scope_of(session.models)
+    modules: Set[int] = set()
+    scope = scope_of(session.models, modules)
+    if session.model_moves is not None:
+        session.model_moves.watched = modules
     if scope != session.cast_state.device_types:
         session.cast_state.device_types = scope
         forget_compiled_graphs()
@@ -61,11 +67,13 @@ class ModelMoves:
     def __init__(self, original: Callable) -> None:
         self.original = original
         self.local = threading.local()
+        self.watched: Set[int] = set()  # ids of the registered models' modules (as of the last re-read)
 
 
 def apply_then_rescope(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """`torch.nn.Module._apply` while O1 is installed: a move of any module (`to`, `cuda`, `cpu`, `to_empty`, a
-    layer of a model moved alone) re-reads the scope when it returns. A plain function (torch.compile guards
+    """`torch.nn.Module._apply` while O1 is installed: a move of a registered model or of a module of one (`to`,
+    `cuda`, `cpu`, `to_empty`, a layer moved alone) re-reads the scope when it returns; other modules move as
+    in torch. A plain function (torch.compile guards
     class attributes that are functions) that pickles by name."""
     if _compiling():  # a move inside compiled code runs eagerly (it changes the session, not the graph)
         return _apply_eagerly(module, *args, **kwargs)
@@ -85,7 +93,7 @@ def _apply_and_rescope(module: torch.nn.Module, *args: Any, **kwargs: Any) -> An
         return moves.original(module, *args, **kwargs)
     finally:
         moves.local.depth = depth
-        if depth == 0 and not session.closed:
+        if depth == 0 and id(module) in moves.watched and not session.closed:
             rescope(session)
 
 
